@@ -1,0 +1,152 @@
+{{/* Chart name, truncated to the DNS label limit. */}}
+{{- define "phasegate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: release-chart, unless the release already contains the chart name. */}}
+{{- define "phasegate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "phasegate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, so never include the version. */}}
+{{- define "phasegate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "phasegate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Common labels for every object. */}}
+{{- define "phasegate.labels" -}}
+helm.sh/chart: {{ include "phasegate.chart" . }}
+{{ include "phasegate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: phasegate
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of one component; call with (dict "ctx" $ "component" "worker"). */}}
+{{- define "phasegate.componentLabels" -}}
+{{ include "phasegate.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "phasegate.componentSelectorLabels" -}}
+{{ include "phasegate.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* ServiceAccount name of a component; call with (dict "ctx" $ "component" "worker"). */}}
+{{- define "phasegate.serviceAccountName" -}}
+{{- $sa := index .ctx.Values.serviceAccounts .component }}
+{{- if $sa.create }}
+{{- default (printf "%s-%s" (include "phasegate.fullname" .ctx) .component) $sa.name }}
+{{- else }}
+{{- default "default" $sa.name }}
+{{- end }}
+{{- end }}
+
+{{- define "phasegate.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "phasegate.configMapName" -}}
+{{- printf "%s-config" (include "phasegate.fullname" .) }}
+{{- end }}
+
+{{/* The Secret and key holding the database DSN. */}}
+{{- define "phasegate.databaseSecretName" -}}
+{{- if .Values.database.existingSecret }}
+{{- .Values.database.existingSecret }}
+{{- else }}
+{{- printf "%s-database" (include "phasegate.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Restricted pod-level security context. */}}
+{{- define "phasegate.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.runAsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Restricted container-level security context. */}}
+{{- define "phasegate.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Pod labels that a Fargate profile selector matches. */}}
+{{- define "phasegate.fargateLabels" -}}
+{{- if .Values.fargate.enabled }}
+{{- toYaml .Values.fargate.profileLabels }}
+{{- end }}
+{{- end }}
+
+{{/* Environment every phasegate container gets: the DSN from a Secret, never inline. */}}
+{{- define "phasegate.databaseEnv" -}}
+- name: PHASEGATE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "phasegate.databaseSecretName" . }}
+      key: {{ .Values.database.secretKey }}
+{{- end }}
+
+{{/*
+Checks that make a bad combination fail at render time with a message saying what to change.
+*/}}
+{{- define "phasegate.validate" -}}
+{{- $w := .Values.worker }}
+{{- $needed := addf $w.shutdownGraceSeconds $w.shutdownMarginSeconds }}
+{{- if le (float64 $w.terminationGracePeriodSeconds) (float64 $needed) }}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%v) must be greater than worker.shutdownGraceSeconds (%v) + worker.shutdownMarginSeconds (%v): otherwise Kubernetes kills a draining worker before it hands its messages back" $w.terminationGracePeriodSeconds $w.shutdownGraceSeconds $w.shutdownMarginSeconds) }}
+{{- end }}
+{{- if ge (float64 $w.heartbeatSeconds) (float64 $w.visibilityTimeoutSeconds) }}
+{{- fail (printf "worker.heartbeatSeconds (%v) must be shorter than worker.visibilityTimeoutSeconds (%v)" $w.heartbeatSeconds $w.visibilityTimeoutSeconds) }}
+{{- end }}
+{{- if and .Values.database.url .Values.database.existingSecret }}
+{{- fail "set only one of database.url and database.existingSecret" }}
+{{- end }}
+{{- if not (or .Values.database.url .Values.database.existingSecret) }}
+{{- fail "set database.url or database.existingSecret (the PostgreSQL DSN)" }}
+{{- end }}
+{{- if not .Values.config.queueUrl }}
+{{- fail "config.queueUrl is required: the URL of the SQS FIFO queue" }}
+{{- end }}
+{{- if not (hasSuffix ".fifo" .Values.config.queueUrl) }}
+{{- fail (printf "config.queueUrl (%s) must name a FIFO queue (ending in .fifo)" .Values.config.queueUrl) }}
+{{- end }}
+{{- if not .Values.config.awsRegion }}
+{{- fail "config.awsRegion is required" }}
+{{- end }}
+{{- $pi := .Values.autoscaling.keda.podIdentity }}
+{{- if and $pi.roleArn (eq $pi.identityOwner "workload") }}
+{{- fail "autoscaling.keda.podIdentity: roleArn and identityOwner=workload are mutually exclusive" }}
+{{- end }}
+{{- end }}
