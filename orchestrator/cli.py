@@ -1,0 +1,204 @@
+"""The ``phasegate`` command line. Each subcommand is a thin shell around a module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from worker.logs import configure_logging
+from worker.settings import Settings, SettingsError, exit_on_settings_error, load_settings
+from worker.workflow import Registry, WorkflowDefinitionError
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"phasegate: {message}", err=True)
+    raise SystemExit(code)
+
+
+def settings_from(**flags: Any) -> Settings:
+    """Env vars, overridden by the flags a person typed; a bad value exits 2 naming it."""
+    try:
+        settings = load_settings(**{k: v for k, v in flags.items() if v is not None})
+    except SettingsError as exc:
+        exit_on_settings_error(exc)
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
+
+
+def require(settings: Settings, *fields: str) -> Settings:
+    try:
+        return settings.require(*fields)
+    except SettingsError as exc:
+        exit_on_settings_error(exc)
+
+
+def load_registry(settings: Settings, *, required: bool = True) -> Registry:
+    if required:
+        require(settings, "workflow_modules")
+    try:
+        registry = Registry.from_modules(settings.module_list)
+    except (ImportError, WorkflowDefinitionError) as exc:
+        exit_on_settings_error(SettingsError(
+            "PHASEGATE_WORKFLOW_MODULES", f"{type(exc).__name__}: {exc}"))
+    if required and not len(registry):
+        exit_on_settings_error(SettingsError(
+            "PHASEGATE_WORKFLOW_MODULES", "the modules define no Workflow"))
+    return registry
+
+
+def run_until_signal(coro_factory: Any, stop: Any) -> None:
+    """Run a long-lived coroutine; first SIGTERM/SIGINT calls ``stop``, a second exits."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        signals = {"n": 0}
+
+        def on_signal() -> None:
+            signals["n"] += 1
+            if signals["n"] > 1:
+                import os
+
+                os._exit(1)
+            stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await coro_factory()
+
+    asyncio.run(main())
+
+
+@click.group()
+@click.version_option(package_name="phasegate")
+def main() -> None:
+    """phasegate: durable multi-phase workflows on SQS FIFO + PostgreSQL."""
+
+
+@main.command()
+@click.option("--concurrency", type=int, help="Phases run at once (PHASEGATE_CONCURRENCY).")
+@click.option("--modules", "workflow_modules", help="PHASEGATE_WORKFLOW_MODULES.")
+def worker(concurrency: int | None, workflow_modules: str | None) -> None:
+    """Receive phase messages and run them until SIGTERM."""
+    from worker.runtime import StartupError, Worker
+
+    settings = require(settings_from(concurrency=concurrency, workflow_modules=workflow_modules),
+                       "database_url", "queue_url", "dlq_url")
+    instance = Worker.from_settings(settings, load_registry(settings))
+
+    async def run() -> None:
+        try:
+            await instance.run()
+        except StartupError as exc:
+            fail(str(exc))
+
+    run_until_signal(run, instance.stop)
+
+
+@main.command()
+def relay() -> None:
+    """Send outbox rows that workers committed but did not send, until SIGTERM."""
+    from orchestrator.relay import Relay
+    from worker.queue import SqsQueue
+    from worker.store import Store, create_pool
+
+    settings = require(settings_from(), "database_url", "queue_url")
+    holder: dict[str, Relay] = {}
+
+    async def run() -> None:
+        pool = await _connect_pool(settings)
+        try:
+            async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
+                                region=settings.aws_region) as queue:
+                holder["relay"] = Relay(
+                    store=Store(pool), queue=queue, after_s=settings.relay_after_s,
+                    interval_s=settings.relay_interval_s, batch=settings.relay_batch)
+                await holder["relay"].run()
+        finally:
+            await pool.close()
+
+    run_until_signal(run, lambda: holder["relay"].stop() if "relay" in holder else None)
+    _ = create_pool
+
+
+async def _connect_pool(settings: Settings) -> Any:
+    from worker.store import create_pool
+
+    try:
+        return await create_pool(settings.database_url or "", min_size=1, max_size=2,
+                                 statement_cache_size=settings.db_statement_cache_size,
+                                 connect_timeout_s=settings.db_connect_timeout_s)
+    except Exception as exc:
+        fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {type(exc).__name__}: {exc}")
+
+
+@main.command()
+@click.option("--target", type=int, default=None, help="Stop at this migration number.")
+def migrate(target: int | None) -> None:
+    """Apply the numbered SQL migrations (under an advisory lock; idempotent)."""
+    from worker.migrate import migrate as run_migrations
+
+    settings = require(settings_from(), "database_url")
+    try:
+        report = asyncio.run(run_migrations(settings.database_url or "", target=target))
+    except OSError as exc:
+        fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {exc}")
+    applied = ", ".join(report.applied) or "nothing to apply"
+    click.echo(f"schema at version {report.current_version} ({applied})")
+
+
+@main.command()
+@click.argument("workflow_name")
+@click.option("--input", "input_json", default="null", help="The start input, as JSON.")
+@click.option("--id", "workflow_id", default=None, help="An opaque id (idempotent on it).")
+def start(workflow_name: str, input_json: str, workflow_id: str | None) -> None:
+    """Start WORKFLOW_NAME; prints the workflow id."""
+    from orchestrator.starter import StartError, start_workflow
+    from worker.queue import SqsQueue
+    from worker.store import Store
+
+    settings = require(settings_from(), "database_url", "queue_url")
+    registry = load_registry(settings)
+    workflow = registry.get(workflow_name)
+    if workflow is None:
+        fail(f"unknown workflow {workflow_name!r}; loaded: {registry.names()}", 2)
+    try:
+        payload = json.loads(input_json)
+    except ValueError as exc:
+        fail(f"--input is not valid JSON: {exc}", 2)
+
+    async def run() -> None:
+        pool = await _connect_pool(settings)
+        try:
+            async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
+                                region=settings.aws_region) as queue:
+                started = await start_workflow(Store(pool), queue, workflow=workflow,
+                                               input=payload, workflow_id=workflow_id)
+        except StartError as exc:
+            fail(str(exc), 2)
+        finally:
+            await pool.close()
+        click.echo(started.workflow_id)
+        if not started.created:
+            click.echo("(already existed; nothing started)", err=True)
+
+    asyncio.run(run())
+
+
+@main.command()
+@click.option("--workflows", "runs", default=200, show_default=True, help="Runs to start.")
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--no-kill", is_flag=True, help="Do not SIGKILL a worker mid-run.")
+def demo(runs: int, workers: int, no_kill: bool) -> None:
+    """Everything embedded: Postgres, SQS, workers, relay, sample workflows, a summary."""
+    from orchestrator.demo import run_demo
+
+    sys.exit(run_demo(runs=runs, workers=workers, kill=not no_kill))
+
+
+if __name__ == "__main__":
+    main()

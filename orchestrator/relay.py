@@ -1,0 +1,72 @@
+"""The outbox relay: sends successor messages a crashed worker committed but never sent.
+
+A worker sends its successor right after the commit; the relay only picks up rows still
+unsent ``relay_after_s`` seconds after their commit (database time). Rows are claimed with
+``FOR UPDATE SKIP LOCKED`` inside one transaction, so several relays can run at once. A row
+the worker sends while the relay also does is harmless: the deduplication id is the same,
+and a worker treats an already-committed seq as a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import suppress
+
+import structlog
+
+from worker import metrics
+from worker.queue import Outgoing, Queue, QueueError
+from worker.store import Store
+
+log = structlog.get_logger("phasegate.relay")
+
+
+class Relay:
+    def __init__(self, *, store: Store, queue: Queue, after_s: float = 5.0,
+                 interval_s: float = 1.0, batch: int = 100) -> None:
+        self.store = store
+        self.queue = queue
+        self.after_s = after_s
+        self.interval_s = interval_s
+        self.batch = batch
+        self.relayed = 0
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Relay until stopped. Failures are logged and retried next round, never fatal."""
+        log.info("relay_started", after_s=self.after_s, interval_s=self.interval_s)
+        while not self._stop.is_set():
+            try:
+                sent = await self.relay_once()
+                metrics.OUTBOX_LAG.set(await self.store.outbox_lag_s())
+            except Exception as exc:
+                log.warning("relay_round_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                sent = 0
+            if sent < self.batch:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+        log.info("relay_stopped", relayed=self.relayed)
+
+    async def relay_once(self) -> int:
+        """Send one batch of overdue rows; returns how many were sent."""
+        sql = self.store._q["claim_unsent"]
+        async with self.store.pool.acquire() as connection, connection.transaction():
+            rows = await connection.fetch(sql, self.after_s, self.batch)
+            if not rows:
+                return 0
+            failed: set[str] = set()
+            try:
+                await self.queue.send([Outgoing(r["body"], r["group_id"], r["dedup_id"])
+                                       for r in rows])
+            except QueueError as exc:
+                failed = set(exc.failed)
+            sent = [r["outbox_id"] for r in rows if r["dedup_id"] not in failed]
+            await connection.execute(self.store._q["mark_sent"], sent)
+        self.relayed += len(sent)
+        metrics.OUTBOX_RELAYED.inc(len(sent))
+        if sent:
+            log.info("relayed", messages=len(sent), failed=len(failed))
+        return len(sent)

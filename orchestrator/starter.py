@@ -1,0 +1,60 @@
+"""Start a workflow run: the run row and its first message are written in one statement
+(through the outbox), then the message is sent. A crash after the commit loses nothing: the
+relay sends the start message."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from worker.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
+from worker.queue import Outgoing, Queue
+from worker.store import Store
+from worker.workflow import Registry, Workflow
+
+
+class StartError(ValueError):
+    """The start request is wrong (unknown workflow, bad id, input not JSON)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    workflow_id: str
+    created: bool
+    sent: bool
+
+
+def new_workflow_id() -> str:
+    """Opaque, random, safe to put in an SQS group id."""
+    return f"wf_{secrets.token_hex(12)}"
+
+
+def resolve_workflow(registry: Registry | None, name: str) -> Workflow | None:
+    return registry.get(name) if registry is not None else None
+
+
+async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, input: Any,
+                         workflow_id: str | None = None) -> Started:
+    """Create the run (idempotent on ``workflow_id``) and send its start message."""
+    workflow_id = workflow_id or new_workflow_id()
+    if not WORKFLOW_ID_PATTERN.match(workflow_id):
+        raise StartError("workflow id must be 1-100 chars of [A-Za-z0-9_.:-] and opaque "
+                         "(SQS does not encrypt ids)")
+    try:
+        canonical_json(input)
+    except (TypeError, ValueError) as exc:
+        raise StartError(f"input is not JSON: {exc}") from None
+    # The run row holds the input; the message only wakes a worker, so it carries none.
+    message = start_message(workflow_id, workflow.name, None)
+    outbox_id = await store.start_run(
+        workflow_id=workflow_id, workflow=workflow.name, schema_version=workflow.schema_version,
+        input=input, first_phase=workflow.first_phase, message=message)
+    if outbox_id is None:
+        return Started(workflow_id, created=False, sent=False)
+    try:
+        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+    except Exception:
+        return Started(workflow_id, created=True, sent=False)  # the relay will send it
+    await store.mark_sent([outbox_id])
+    return Started(workflow_id, created=True, sent=True)

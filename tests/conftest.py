@@ -1,0 +1,143 @@
+"""Real servers for the whole suite: PostgreSQL (a template database cloned per test) and an
+SQS-compatible server over HTTP (a fresh FIFO queue pair per test).
+
+PostgreSQL: $PHASEGATE_TEST_DATABASE_URL, else 127.0.0.1:5432 if it answers, else a
+throwaway cluster started here. SQS: $PHASEGATE_TEST_SQS_ENDPOINT_URL (e.g. LocalStack), else
+moto server in a thread of this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
+from worker.migrate import migrate
+
+os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
+
+
+# Tables only test databases have: what phases did (across processes) and gates tests open.
+TEST_TABLES = """
+CREATE TABLE test_invocations (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workflow_id text NOT NULL, seq integer NOT NULL, phase text NOT NULL,
+    attempt integer NOT NULL, worker_id text, note text, at timestamptz DEFAULT now());
+CREATE TABLE test_gates (name text PRIMARY KEY);
+"""
+
+
+def with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+async def _reachable(dsn: str) -> bool:
+    try:
+        connection = await asyncpg.connect(dsn, timeout=3)
+    except Exception:
+        return False
+    await connection.close()
+    return True
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn() -> Iterator[str]:
+    explicit = os.environ.get("PHASEGATE_TEST_DATABASE_URL")
+    if explicit:
+        yield explicit
+        return
+    local = "postgresql://postgres@127.0.0.1:5432/postgres"
+    if asyncio.run(_reachable(local)):
+        yield local
+        return
+    with EmbeddedPostgres() as server:
+        yield server.dsn
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_dsn: str) -> Iterator[str]:
+    name = f"phasegate_tpl_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        admin = await asyncpg.connect(pg_server_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        await migrate(with_database(pg_server_dsn, name))
+        connection = await asyncpg.connect(with_database(pg_server_dsn, name))
+        try:
+            await connection.execute(TEST_TABLES)
+        finally:
+            await connection.close()
+
+    asyncio.run(create())
+    yield name
+    asyncio.run(_drop(pg_server_dsn, name))
+
+
+async def _drop(server_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def database_url(pg_server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test (a clone of the template)."""
+    name = f"phasegate_t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        admin = await asyncpg.connect(pg_server_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    yield with_database(pg_server_dsn, name)
+    asyncio.run(_drop(pg_server_dsn, name))
+
+
+@pytest.fixture
+def empty_database_url(pg_server_dsn: str) -> Iterator[str]:
+    """A database with no phasegate schema at all."""
+    name = f"phasegate_e_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        admin = await asyncpg.connect(pg_server_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    yield with_database(pg_server_dsn, name)
+    asyncio.run(_drop(pg_server_dsn, name))
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint() -> Iterator[str]:
+    explicit = os.environ.get("PHASEGATE_TEST_SQS_ENDPOINT_URL")
+    if explicit:
+        yield explicit
+        return
+    with EmbeddedSqs() as server:
+        yield server.endpoint_url
+
+
+@pytest.fixture
+def queue_pair(sqs_endpoint: str) -> tuple[str, str]:
+    """A fresh FIFO queue and DLQ on the SQS server (names unique per test)."""
+    from tests.helpers import create_queues
+
+    return asyncio.run(create_queues(sqs_endpoint, f"t{uuid.uuid4().hex[:16]}"))

@@ -1,0 +1,35 @@
+"""Prometheus metrics of the worker, in base units. Labels are low-cardinality: workflow and
+phase names come from code, never from messages; workflow ids are never labels."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+PHASE_DURATION = Histogram(
+    "phasegate_phase_duration_seconds", "Wall time of one phase handler run.",
+    ["workflow", "phase", "outcome"], buckets=_PHASE_BUCKETS)
+COMMIT_DURATION = Histogram(
+    "phasegate_checkpoint_commit_duration_seconds",
+    "Time of the one statement that commits checkpoint, run and outbox.",
+    buckets=_LATENCY_BUCKETS)
+MESSAGES = Counter(
+    "phasegate_messages_total", "Received messages by what became of them.", ["outcome"])
+PHASES_IN_FLIGHT = Gauge("phasegate_phases_in_flight", "Phase handlers running now.")
+MESSAGES_HELD = Gauge(
+    "phasegate_messages_held", "Received messages this worker holds (running or waiting).")
+OUTBOX_SEND_LAG = Histogram(
+    "phasegate_outbox_send_lag_seconds",
+    "From the commit to the successor message accepted by SQS.", buckets=_LATENCY_BUCKETS)
+OUTBOX_LAG = Gauge(
+    "phasegate_outbox_lag_seconds", "Age of the oldest unsent outbox row (relay view).")
+OUTBOX_RELAYED = Counter(
+    "phasegate_outbox_relayed_total", "Outbox rows sent by the relay, not by the worker.")
+SQS_ERRORS = Counter("phasegate_sqs_errors_total", "SQS calls that failed.", ["action"])
+DB_ERRORS = Counter("phasegate_db_unavailable_total",
+                    "Messages handed back because PostgreSQL could not be reached.")
+HEARTBEATS = Counter("phasegate_heartbeat_extensions_total",
+                     "Visibility extensions sent for in-flight messages.")
+READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop receives.")

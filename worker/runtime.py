@@ -1,0 +1,390 @@
+"""The worker: receive, run phases concurrently, keep leases alive, settle, stop cleanly.
+
+One ``Worker`` configured from settings. Stop is an event, not a cancel: on SIGTERM the worker
+stops receiving, lets running phases finish within the shutdown grace, then hands every
+message it still holds back to the queue with visibility 0 so another worker picks it up at
+once. Side tasks (heartbeat, batchers, probes) are supervised: if one dies, the worker stops
+loudly. Every message is settled (deleted or released) in exactly one place, ``_settle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from typing import Any
+
+import structlog
+
+from worker import metrics
+from worker.batcher import MicroBatcher
+from worker.faults import Faults
+from worker.limits import SQS_MAX_RECEIVE_BATCH
+from worker.probes import ProbeServer
+from worker.queue import Queue, QueueError, Received, SqsQueue
+from worker.settings import Settings
+from worker.sql import migration_files
+from worker.store import Store, create_pool
+from worker.transition import (
+    Action,
+    PhaseTransition,
+    Settlement,
+    TransitionConfig,
+)
+from worker.workflow import Registry
+
+log = structlog.get_logger("phasegate.worker")
+
+
+class StartupError(Exception):
+    """The worker could not reach what it needs before the startup timeout."""
+
+
+class Worker:
+    """Runs phases from one queue against one store. Build with ``Worker.from_settings``."""
+
+    def __init__(self, *, settings: Settings, registry: Registry,
+                 queue: Queue | None = None, dlq: Queue | None = None,
+                 store: Store | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.queue = queue
+        self.dlq = dlq
+        self.store = store
+        self.faults = Faults(settings.faults, settings.fault_seed)
+        self.transition: PhaseTransition | None = None
+        self.probe_port: int | None = None
+        self._stop = asyncio.Event()
+        self._receiving = asyncio.Event()
+        self._receiving.set()
+        self._capacity_changed = asyncio.Event()
+        self._concurrency_limit = settings.concurrency
+        self._held: dict[str, Received] = {}
+        self._started: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ready = False
+        self._signals = 0
+        self.receive_calls = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, registry: Registry | None = None) -> Worker:
+        settings.require("database_url", "queue_url", "dlq_url")
+        if registry is None:
+            registry = Registry.from_modules(settings.module_list)
+        return cls(settings=settings, registry=registry)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop receiving and drain. Safe to call from a signal handler."""
+        self._stop.set()
+        self._receiving.set()
+        self._capacity_changed.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second_signal_exiting_now", signal=sig.name)
+            os._exit(1)
+        log.info("stopping", signal=sig.name, grace_s=self.settings.shutdown_grace_s)
+        self.stop()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and not self._stop.is_set()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Run until ``stop()`` (or, with ``burst``, until the queue is drained)."""
+        async with AsyncExitStack() as stack:
+            probes = ProbeServer(self.settings.metrics_host, self.settings.metrics_port,
+                                 ready=lambda: self.ready)
+            if self.settings.metrics_port or self.settings.metrics_port == 0:
+                self.probe_port = await probes.start()
+                stack.push_async_callback(probes.stop)
+            await self._connect(stack)
+            if self._stop.is_set():
+                return
+            assert self.store is not None and self.queue is not None and self.dlq is not None
+            deleter = MicroBatcher[str](self.queue.delete)
+            releaser = MicroBatcher[tuple[str, int]](self.queue.change_visibility)
+            mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=500, max_concurrent=2)
+            self._delete, self._release = deleter.submit, releaser.submit
+            self.transition = PhaseTransition(
+                store=self.store, queue=self.queue, dlq=self.dlq, registry=self.registry,
+                config=TransitionConfig(
+                    worker_id=self.settings.worker_id,
+                    max_message_bytes=self.settings.max_message_bytes,
+                    max_attempts=self.settings.max_attempts,
+                    retry_backoff_s=self.settings.retry_backoff_s,
+                    retry_backoff_max_s=self.settings.retry_backoff_max_s),
+                faults=self.faults, mark_sent=mark_sent)
+            side = {asyncio.create_task(coro, name=name) for name, coro in (
+                ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
+                ("releaser", releaser.run()), ("mark_sent", mark_sent.run()))}
+            self._ready = True
+            metrics.READY.set(1)
+            log.info("worker_ready", worker_id=self.settings.worker_id,
+                     workflows=self.registry.names(), concurrency=self.settings.concurrency)
+            try:
+                await self._supervise(self._receive_loop(burst), side)
+                await self._drain()
+            finally:
+                self._ready = False
+                metrics.READY.set(0)
+                for task in side:
+                    task.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+            log.info("worker_stopped")
+
+    async def _supervise(self, main: Awaitable[None], side: set[asyncio.Task[Any]]) -> None:
+        """Run the receive loop while watching the side tasks; a dead side task stops all."""
+        main_task = asyncio.ensure_future(main)
+        done, _ = await asyncio.wait({main_task, *side}, return_when=asyncio.FIRST_COMPLETED)
+        if main_task in done:
+            main_task.result()
+            return
+        failed = next(iter(done))
+        self.stop()
+        main_task.cancel()
+        with suppress(asyncio.CancelledError):
+            await main_task
+        error = failed.exception() if not failed.cancelled() else None
+        log.error("side_task_died", task=failed.get_name(), error=repr(error))
+        await self._drain()
+        raise RuntimeError(f"side task {failed.get_name()} stopped: {error!r}")
+
+    # -- startup ------------------------------------------------------------------------------
+
+    async def _connect(self, stack: AsyncExitStack) -> None:
+        """Prove Postgres and SQS are reachable before the first receive, with backoff."""
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        delay = 0.25
+        while not self._stop.is_set():
+            waiting_for = []
+            if self.store is None:
+                try:
+                    pool = await create_pool(
+                        self.settings.database_url or "", min_size=self.settings.db_pool_min,
+                        max_size=self.settings.db_pool_max,
+                        statement_cache_size=self.settings.db_statement_cache_size,
+                        connect_timeout_s=self.settings.db_connect_timeout_s)
+                    stack.push_async_callback(pool.close)
+                    self.store = Store(pool)
+                except Exception as exc:
+                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
+            if self.queue is None:
+                sqs = SqsQueue(self.settings.queue_url or "",
+                               endpoint_url=self.settings.sqs_endpoint_url,
+                               region=self.settings.aws_region)
+                await sqs.open()
+                stack.push_async_callback(sqs.close)
+                self.queue, self.dlq = sqs, sqs.sibling(self.settings.dlq_url or "")
+            if not waiting_for:
+                try:
+                    assert self.queue is not None and self.dlq is not None
+                    await self.queue.depth()
+                    await self.dlq.depth()
+                except Exception as exc:
+                    waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
+            if not waiting_for:
+                await self._check_schema()
+                return
+            if time.monotonic() > deadline:
+                raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
+                                   f"waiting for {', '.join(waiting_for)}")
+            log.warning("waiting_for_dependencies", waiting_for=waiting_for, retry_in_s=delay)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _check_schema(self) -> None:
+        assert self.store is not None
+        newest = migration_files()[-1][0]
+        current = await self.store.pool.fetchval(
+            "SELECT coalesce(max(version), 0) FROM phasegate_migrations") if await \
+            self.store.pool.fetchval("SELECT to_regclass('phasegate_migrations') IS NOT NULL") \
+            else 0
+        if current < newest:
+            raise StartupError(f"database schema is at version {current}, this worker needs "
+                               f"{newest}: run `phasegate migrate` first")
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    async def _receive_loop(self, burst: bool) -> None:
+        assert self.queue is not None
+        error_delay = 0.5
+        while not self._stop.is_set():
+            await self._receiving.wait()
+            free = await self._wait_for_capacity()
+            if self._stop.is_set():
+                break
+            try:
+                messages = await self._receive(min(SQS_MAX_RECEIVE_BATCH, free))
+            except Exception as exc:
+                metrics.SQS_ERRORS.labels("receive").inc()
+                log.warning("receive_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                            retry_in_s=error_delay)
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), error_delay)
+                error_delay = min(error_delay * 2, 10.0)
+                continue
+            error_delay = 0.5
+            if messages is None:
+                break
+            if messages:
+                self._dispatch(messages)
+            elif burst and not self._held and await self._queue_empty():
+                break
+
+    async def _receive(self, max_messages: int) -> list[Received] | None:
+        """One long poll that gives way to stop(); None if stopped while waiting."""
+        assert self.queue is not None
+        self.receive_calls += 1
+        receive = asyncio.ensure_future(self.queue.receive(
+            max_messages, self.settings.wait_time_s, self.settings.visibility_timeout_s))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        done, _ = await asyncio.wait({receive, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if receive in done:
+            return receive.result()
+        # Messages this poll would have returned stay invisible only until their timeout.
+        receive.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await receive
+        return None
+
+    async def _queue_empty(self) -> bool:
+        assert self.queue is not None
+        depth = await self.queue.depth()
+        return depth.visible == 0 and depth.inflight == 0 and depth.delayed == 0
+
+    async def _wait_for_capacity(self) -> int:
+        while not self._stop.is_set():
+            free = self._concurrency_limit - len(self._held)
+            if free > 0 and self._receiving.is_set():
+                return free
+            self._capacity_changed.clear()
+            await self._capacity_changed.wait()
+        return 0
+
+    def _dispatch(self, messages: Sequence[Received]) -> None:
+        """Messages of one group run in order in one task; groups run concurrently."""
+        groups: dict[str, list[Received]] = {}
+        for message in messages:
+            self._held[message.receipt_handle] = message
+            groups.setdefault(message.group_id or message.message_id, []).append(message)
+        metrics.MESSAGES_HELD.set(len(self._held))
+        for group in groups.values():
+            task = asyncio.create_task(self._process_group(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _process_group(self, messages: list[Received]) -> None:
+        assert self.transition is not None
+        for message in messages:
+            if self._stop.is_set() or message.receipt_handle not in self._held:
+                return  # not started: the drain hands it back
+            self._started.add(message.receipt_handle)
+            try:
+                settlement = await self.transition.handle(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug, not a phase error: let the lease expire
+                log.exception("transition_crashed", error=repr(exc)[:300])
+                settlement = Settlement(Action.RELEASE, "crashed",
+                                        self.settings.visibility_timeout_s)
+            await self._settle(message, settlement)
+
+    # -- the one place messages are settled -----------------------------------------------
+
+    async def _settle(self, message: Received, settlement: Settlement) -> None:
+        try:
+            if settlement.action is Action.DELETE:
+                await self._delete(message.receipt_handle)
+            else:
+                await self._release((message.receipt_handle, settlement.visibility_s))
+        except Exception as exc:
+            action = "delete" if settlement.action is Action.DELETE else "release"
+            metrics.SQS_ERRORS.labels(action).inc()
+            log.warning("settle_failed", action=action, error=f"{type(exc).__name__}"[:200])
+        finally:
+            metrics.MESSAGES.labels(settlement.outcome).inc()
+            self._forget(message.receipt_handle)
+
+    def _forget(self, receipt_handle: str) -> None:
+        self._held.pop(receipt_handle, None)
+        self._started.discard(receipt_handle)
+        metrics.MESSAGES_HELD.set(len(self._held))
+        self._capacity_changed.set()
+
+    _delete: Callable[[str], Awaitable[None]]
+    _release: Callable[[tuple[str, int]], Awaitable[None]]
+
+    async def hand_back(self, receipt_handles: Sequence[str]) -> None:
+        """Visibility 0: another worker may take these at once. Work here is retryable."""
+        if not receipt_handles or self.queue is None:
+            return
+        try:
+            await self.queue.change_visibility([(h, 0) for h in receipt_handles])
+            log.info("handed_back", messages=len(receipt_handles))
+        except QueueError as exc:
+            log.warning("hand_back_partial", failed=len(exc.failed))
+        except Exception as exc:
+            metrics.SQS_ERRORS.labels("hand_back").inc()
+            log.warning("hand_back_failed", error=type(exc).__name__)
+        for handle in receipt_handles:
+            self._forget(handle)
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Let running phases finish within the grace; hand back whatever is left."""
+        unstarted = [h for h in self._held if h not in self._started]
+        await self.hand_back(unstarted)
+        running = [t for t in self._tasks if not t.done()]
+        if running:
+            log.info("draining", phases=len(running), grace_s=self.settings.shutdown_grace_s)
+            _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                log.warning("grace_expired_handing_back", phases=len(late))
+        if self.transition is not None and self.transition.durable:
+            await asyncio.gather(*self.transition.durable, return_exceptions=True)
+        await self.hand_back(list(self._held))
+
+    # -- heartbeat ------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Extend the lease of every held message, so the visibility timeout can stay short
+        and a dead worker's message comes back in seconds."""
+        assert self.queue is not None
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)  # a period, not a synchronisation
+            handles = list(self._held)
+            if not handles:
+                continue
+            try:
+                await self.queue.change_visibility(
+                    [(h, self.settings.visibility_timeout_s) for h in handles])
+                metrics.HEARTBEATS.inc(len(handles))
+            except QueueError as exc:
+                # A lease we lost (the message went back and was taken elsewhere): the commit
+                # condition keeps the other delivery from doubling the work.
+                log.warning("heartbeat_partial", failed=len(exc.failed))
+            except Exception as exc:
+                metrics.SQS_ERRORS.labels("heartbeat").inc()
+                log.warning("heartbeat_failed", error=type(exc).__name__)

@@ -1,0 +1,135 @@
+-- Named queries. A block starts with `-- name: <name>` and runs to the next one.
+-- Every statement here is a single round trip; multi-row writes are CTEs, so each is atomic
+-- without an explicit BEGIN/COMMIT (and works behind PgBouncer in transaction mode).
+
+-- name: ensure_run
+-- A start message from any producer creates its run; a second start is a no-op.
+INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase)
+VALUES ($1, $2, $3, $4::jsonb, $5)
+ON CONFLICT (workflow_id) DO NOTHING
+RETURNING workflow_id;
+
+-- name: start_run
+-- The run row and its first message in one statement: a crash can lose neither alone.
+WITH run AS (
+    INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase)
+    VALUES ($1, $2, $3, $4::jsonb, $5)
+    ON CONFLICT (workflow_id) DO NOTHING
+    RETURNING workflow_id
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, 'main', 0, $6, $7, $8 FROM run
+    RETURNING outbox_id
+)
+SELECT (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: load_for_phase
+-- Check + claim + load in one round trip: the run row (moved pending -> running), the state
+-- committed at the previous door, and the latest in-phase progress for the seq about to run.
+WITH claimed AS (
+    UPDATE workflow_runs SET status = 'running', updated_at = now()
+    WHERE workflow_id = $1 AND status = 'pending'
+    RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
+              schema_version, input::text AS input, attempts, epoch
+), run AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT workflow_id, workflow, status, next_seq, base_seq, current_phase,
+           schema_version, input::text, attempts, epoch
+    FROM workflow_runs r
+    WHERE r.workflow_id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
+)
+SELECT run.*,
+       c.state::text AS state, c.state_hash, c.schema_version AS state_version,
+       e.state::text AS progress
+FROM run
+LEFT JOIN checkpoints c
+       ON c.workflow_id = run.workflow_id AND c.branch = $2
+      AND c.seq = run.next_seq - 1 AND c.kind = 'phase'
+LEFT JOIN LATERAL (
+    SELECT state FROM checkpoints e
+    WHERE e.workflow_id = run.workflow_id AND e.branch = $2
+      AND e.seq = run.next_seq AND e.kind = 'emergency'
+    ORDER BY e.checkpoint_id DESC LIMIT 1
+) e ON true;
+
+-- name: commit_phase
+-- THE commit: checkpoint + run position + successor message, conditional on the run still
+-- being at this seq and running. First commit wins; a late duplicate changes nothing.
+WITH run AS (
+    UPDATE workflow_runs
+       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = NULL,
+           tier = $10, tier_label = $11, updated_at = now(),
+           finished_at = CASE WHEN $9 = 'completed' THEN now() END
+     WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+    RETURNING workflow_id
+), cp AS (
+    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id)
+    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14
+      FROM run
+    RETURNING created_at
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
+    RETURNING outbox_id
+)
+SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: record_failure
+-- A phase raised: count the attempt; at the limit the run is failed with the error kept.
+UPDATE workflow_runs
+   SET attempts = attempts + 1, error = $3, updated_at = now(),
+       status = CASE WHEN attempts + 1 >= $4 THEN 'failed' ELSE status END,
+       finished_at = CASE WHEN attempts + 1 >= $4 THEN now() ELSE finished_at END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING attempts, status;
+
+-- name: halt_run
+-- Stop a run where it stands (needs_restart, checkpoint_corrupt): never a crash, never silent.
+UPDATE workflow_runs
+   SET status = $3, error = $4, updated_at = now(),
+       finished_at = CASE WHEN $3 IN ('failed', 'cancelled') THEN now() END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING workflow_id;
+
+-- name: successor
+-- The message a committed seq left behind (the newest, if a retry wrote another).
+SELECT outbox_id, dedup_id, group_id, body, sent_at
+  FROM outbox
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3
+ ORDER BY outbox_id DESC
+ LIMIT 1;
+
+-- name: mark_sent
+UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
+
+-- name: claim_unsent
+-- Relay: rows still unsent some seconds after commit (database time). SKIP LOCKED lets
+-- several relays share the work without sending a row twice at once.
+SELECT outbox_id, dedup_id, group_id, body
+  FROM outbox
+ WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => $1)
+ ORDER BY outbox_id
+ LIMIT $2
+ FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_lag
+-- Age of the oldest unsent outbox row, in seconds (0 when none).
+SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
+  FROM outbox WHERE sent_at IS NULL;
+
+-- name: quarantine
+INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING quarantine_id;
+
+-- name: emergency_checkpoint
+-- In-phase progress saved under memory pressure; it never moves next_seq and is only
+-- written while the run is still at this seq.
+INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                         state_hash, worker_id)
+SELECT workflow_id, $2, $3, $4, 'emergency', $5, $6::jsonb, $7, $8
+  FROM workflow_runs
+ WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+RETURNING checkpoint_id;

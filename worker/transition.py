@@ -1,0 +1,344 @@
+"""The phase transition: the one path that carries phasegate's guarantees.
+
+Read top to bottom: parse -> check -> run -> commit -> emit. ``handle`` never sends an ack or
+nack itself: it returns a ``Settlement`` and the runtime settles the message in one place.
+
+Delivery is at-least-once; effects are exactly-once per (workflow, seq) because the commit is
+conditional on the run still being at the message's seq, and a message whose seq is already
+committed only makes sure its successor exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import asyncpg
+import structlog
+from pydantic import ValidationError
+
+from worker import metrics
+from worker.batcher import MicroBatcher
+from worker.context import Context
+from worker.envelope import Envelope, canonical_json, phase_message, state_hash
+from worker.faults import Faults
+from worker.queue import Outgoing, Queue, QueueError, Received
+from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
+from worker.workflow import NonRetryableError, Registry, Workflow
+
+log = structlog.get_logger("phasegate.transition")
+
+# What "the database is unreachable" looks like from asyncpg: the message goes back to the
+# queue with a backoff, and the phase's retry budget is not charged for it.
+DATABASE_DOWN = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+                 asyncpg.exceptions.OperatorInterventionError)
+ERROR_TEXT_LIMIT = 500
+
+
+class Action(Enum):
+    DELETE = "delete"
+    RELEASE = "release"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    action: Action
+    outcome: str
+    visibility_s: int = 0
+
+
+@dataclass(frozen=True)
+class Poison:
+    code: str
+    detail: str
+    workflow_id: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+@dataclass
+class RunningPhase:
+    ctx: Context
+    envelope: Envelope
+    started: float
+
+
+@dataclass(frozen=True)
+class TransitionConfig:
+    worker_id: str
+    max_message_bytes: int
+    max_attempts: int
+    retry_backoff_s: float
+    retry_backoff_max_s: float
+
+
+class PhaseTransition:
+    def __init__(self, *, store: Store, queue: Queue, dlq: Queue, registry: Registry,
+                 config: TransitionConfig, faults: Faults,
+                 mark_sent: MicroBatcher[int] | None = None) -> None:
+        self.store = store
+        self.queue = queue
+        self.dlq = dlq
+        self.registry = registry
+        self.config = config
+        self.faults = faults
+        self._mark_sent = mark_sent
+        self.running: dict[str, RunningPhase] = {}
+        # Commits in progress: shielded from shutdown's cancel, awaited before the pool closes.
+        self.durable: set[asyncio.Future[Settlement]] = set()
+
+    async def handle(self, message: Received) -> Settlement:
+        self.faults.hit("after_receive")
+        try:
+            parsed = self.parse(message)
+            if isinstance(parsed, Poison):
+                return await self.quarantine(message, parsed)
+            envelope, workflow = parsed
+            with structlog.contextvars.bound_contextvars(
+                    workflow_id=envelope.workflow_id, seq=envelope.seq, branch=envelope.branch,
+                    workflow=envelope.workflow):
+                return await self.check_and_run(message, envelope, workflow)
+        except DATABASE_DOWN as exc:
+            metrics.DB_ERRORS.inc()
+            log.warning("database_unavailable", error=type(exc).__name__,
+                        retry_in_s=self._backoff(1))
+            return Settlement(Action.RELEASE, "db_unavailable", self._backoff(1))
+
+    # -- 1. parse -----------------------------------------------------------------------------
+
+    def parse(self, message: Received) -> tuple[Envelope, Workflow] | Poison:
+        size = len(message.body.encode())
+        if size > self.config.max_message_bytes:
+            return Poison("oversized", f"{size} bytes > limit {self.config.max_message_bytes}")
+        try:
+            raw = json.loads(message.body)
+        except ValueError:
+            return Poison("not_json", "body is not valid JSON")
+        try:
+            envelope = Envelope.model_validate(raw)
+        except ValidationError as exc:
+            # Field names and error types only: pydantic's input echo may hold payload data.
+            fields = sorted({".".join(map(str, e["loc"])) or "<root>" for e in exc.errors()})
+            kinds = sorted({e["type"] for e in exc.errors()})
+            wid = raw.get("workflow_id") if isinstance(raw, dict) else None
+            return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
+                          wid if isinstance(wid, str) and len(wid) <= 100 else None)
+        workflow = self.registry.get(envelope.workflow)
+        if workflow is None:
+            return Poison("unknown_workflow",
+                          f"no loaded workflow has that name (loaded: {self.registry.names()})",
+                          envelope.workflow_id)
+        if envelope.phase is not None and workflow.get_phase(envelope.phase) is None:
+            return Poison("unknown_phase", f"workflow {workflow.name} has no such phase "
+                          f"(phases: {[p.name for p in workflow.phases]})", envelope.workflow_id)
+        return envelope, workflow
+
+    # -- 2. check -----------------------------------------------------------------------------
+
+    async def check_and_run(self, message: Received, envelope: Envelope,
+                            workflow: Workflow) -> Settlement:
+        if envelope.kind == "start":
+            await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
+        position = await self.store.load_for_phase(envelope.workflow_id, envelope.branch)
+        if position is None:
+            return await self.quarantine(message, Poison(
+                "no_run", "phase message for a run that does not exist", envelope.workflow_id))
+        if position.workflow != envelope.workflow:
+            return await self.quarantine(message, Poison(
+                "workflow_mismatch", f"the run belongs to workflow {position.workflow}",
+                envelope.workflow_id))
+        if envelope.seq < position.next_seq:
+            await self.ensure_successor(envelope)
+            log.info("duplicate", next_seq=position.next_seq)
+            return Settlement(Action.DELETE, "duplicate")
+        if envelope.seq > position.next_seq:
+            return await self.quarantine(message, Poison(
+                "seq_ahead", f"message seq {envelope.seq} is ahead of the run "
+                f"({position.next_seq})", envelope.workflow_id))
+        if position.status != "running":
+            log.info("run_not_running", status=position.status)
+            return Settlement(Action.DELETE, "stale")
+        phase_name = envelope.phase or position.current_phase or workflow.first_phase
+        if phase_name != position.current_phase:
+            return await self.quarantine(message, Poison(
+                "phase_mismatch", f"message names phase {phase_name} but the run is at "
+                f"{position.current_phase}", envelope.workflow_id))
+        state = await self.load_state(position, workflow)
+        if isinstance(state, Settlement):
+            return state
+        return await self.run(envelope, workflow, phase_name, position, state)
+
+    async def load_state(self, position: RunPosition, workflow: Workflow) -> Any:
+        """The state committed at the previous door, verified; or a Settlement that halts."""
+        seq = position.next_seq
+        if seq == position.base_seq:
+            return json.loads(position.input_json or "null")
+        if position.state_json is None or position.state_hash is None:
+            return await self.halt(position, "failed", "checkpoint_missing: no phase checkpoint "
+                                   f"at seq {seq - 1}")
+        if position.state_version != workflow.schema_version:
+            return await self.halt(position, "needs_restart", (
+                f"schema_version: checkpoint at seq {seq - 1} has version "
+                f"{position.state_version}, the loaded code has {workflow.schema_version}"))
+        state = json.loads(position.state_json)
+        if state_hash(canonical_json(state)) != position.state_hash:
+            return await self.halt(position, "failed", f"checkpoint_corrupt: state at seq "
+                                   f"{seq - 1} does not match its state_hash")
+        return state
+
+    async def halt(self, position: RunPosition, status: str, reason: str) -> Settlement:
+        await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
+        log.warning("run_halted", status=status, reason=reason)
+        return Settlement(Action.DELETE, status)
+
+    # -- 3. run -------------------------------------------------------------------------------
+
+    async def run(self, envelope: Envelope, workflow: Workflow, phase_name: str,
+                  position: RunPosition, state: Any) -> Settlement:
+        phase = workflow.get_phase(phase_name)
+        assert phase is not None
+        ctx = Context(
+            workflow_id=envelope.workflow_id, workflow=workflow.name, phase=phase_name,
+            seq=envelope.seq, branch=envelope.branch, attempt=position.attempts + 1,
+            worker_id=self.config.worker_id, schema_version=workflow.schema_version,
+            resumed_progress=(json.loads(position.progress_json)
+                              if position.progress_json else None))
+        started = time.monotonic()
+        self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
+        metrics.PHASES_IN_FLIGHT.inc()
+        try:
+            new_state = await phase.fn(ctx, state)
+        except NonRetryableError as exc:
+            return await self.fail(envelope, phase_name, started, exc, retryable=False)
+        except asyncio.CancelledError:
+            self._log_phase(envelope, phase_name, started, "cancelled")
+            raise
+        except Exception as exc:
+            return await self.fail(envelope, phase_name, started, exc, retryable=True)
+        finally:
+            metrics.PHASES_IN_FLIGHT.dec()
+            self.running.pop(envelope.dedup_id, None)
+        try:
+            canonical = canonical_json(new_state)
+        except (TypeError, ValueError) as exc:  # the same state would fail on every retry
+            return await self.fail(envelope, phase_name, started, exc, retryable=False)
+        self.faults.hit("mid_phase")
+        # The durable part runs to its end even if shutdown cancels this task.
+        durable = asyncio.ensure_future(self.commit_and_emit(
+            envelope, workflow, phase_name, canonical, position, started))
+        self.durable.add(durable)
+        durable.add_done_callback(self.durable.discard)
+        return await asyncio.shield(durable)
+
+    async def fail(self, envelope: Envelope, phase_name: str, started: float,
+                   exc: BaseException, *, retryable: bool) -> Settlement:
+        error = f"{type(exc).__name__}: {str(exc)[:ERROR_TEXT_LIMIT]}"
+        log.error("phase_error", phase=phase_name, error_type=type(exc).__name__,
+                  retryable=retryable, exc_info=exc)
+        result = await self.store.record_failure(
+            envelope.workflow_id, envelope.seq, error,
+            self.config.max_attempts if retryable else 0)
+        if result is None:
+            self._log_phase(envelope, phase_name, started, "superseded")
+            return Settlement(Action.DELETE, "superseded")
+        attempts, status = result
+        if status == "failed":
+            self._log_phase(envelope, phase_name, started, "failed", attempts=attempts)
+            return Settlement(Action.DELETE, "failed")
+        delay = self._backoff(attempts)
+        self._log_phase(envelope, phase_name, started, "retry", attempts=attempts,
+                        retry_in_s=delay)
+        return Settlement(Action.RELEASE, "retry", delay)
+
+    # -- 4. commit, 5. emit ---------------------------------------------------------------------
+
+    async def commit_and_emit(self, envelope: Envelope, workflow: Workflow, phase_name: str,
+                              canonical: str, position: RunPosition,
+                              started: float) -> Settlement:
+        next_phase = workflow.next_phase(phase_name)
+        successor = (phase_message(envelope.workflow_id, workflow.name, envelope.seq + 1,
+                                   next_phase, envelope.branch, envelope.traceparent)
+                     if next_phase else None)
+        commit = PhaseCommit(
+            workflow_id=envelope.workflow_id, branch=envelope.branch, seq=envelope.seq,
+            phase=phase_name, schema_version=workflow.schema_version, state_json=canonical,
+            state_hash=state_hash(canonical), next_phase=next_phase,
+            status="running" if next_phase else "completed", worker_id=self.config.worker_id,
+            successor=successor)
+        commit_started = time.monotonic()
+        result = await self.store.commit_phase(commit)
+        metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
+        if result is None:
+            # Another delivery of this message committed first; our side effects were
+            # deduplicated by their keys. Nothing to emit.
+            self._log_phase(envelope, phase_name, started, "superseded")
+            return Settlement(Action.DELETE, "superseded")
+        _, outbox_id = result
+        self.faults.hit("after_commit")
+        if successor is not None and outbox_id is not None:
+            await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id,
+                                      successor.to_json()), commit_started)
+        self.faults.hit("after_send")
+        outcome = "advanced" if next_phase else "completed"
+        self._log_phase(envelope, phase_name, started, outcome)
+        return Settlement(Action.DELETE, outcome)
+
+    async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
+        """Send an outbox row and mark it sent. On failure the relay sends it later."""
+        try:
+            await self.queue.send([Outgoing(row.body, row.group_id, row.dedup_id)])
+        except Exception as exc:
+            metrics.SQS_ERRORS.labels("send").inc()
+            log.warning("emit_failed_relay_will_send", error=type(exc).__name__)
+            return False
+        if committed is not None:
+            metrics.OUTBOX_SEND_LAG.observe(time.monotonic() - committed)
+        if self._mark_sent is not None:
+            await self._mark_sent.submit(row.outbox_id)
+        else:
+            await self.store.mark_sent([row.outbox_id])
+        return True
+
+    async def ensure_successor(self, envelope: Envelope) -> None:
+        row = await self.store.successor(envelope.workflow_id, envelope.branch, envelope.seq + 1)
+        if row is not None and row.sent_at is None:
+            await self.emit(row)
+
+    # -- poison -------------------------------------------------------------------------------
+
+    async def quarantine(self, message: Received, poison: Poison) -> Settlement:
+        """DLQ + a quarantine row with a reason (no payload data), then delete."""
+        body_bytes = len(message.body.encode())
+        try:
+            await self.dlq.send([Outgoing(
+                message.body, message.group_id or "quarantine",
+                state_hash(f"quarantine:{message.message_id}"))])
+        except QueueError as exc:
+            metrics.SQS_ERRORS.labels("dlq_send").inc()
+            log.error("quarantine_dlq_send_failed", error=str(exc))
+            return Settlement(Action.RELEASE, "quarantine_retry", self._backoff(1))
+        await self.store.quarantine(
+            message_id=message.message_id, workflow_id=poison.workflow_id, reason=poison.reason,
+            body_bytes=body_bytes, worker_id=self.config.worker_id)
+        log.warning("quarantined", code=poison.code, reason=poison.reason,
+                    message_id=message.message_id, quarantined_workflow_id=poison.workflow_id)
+        return Settlement(Action.DELETE, "quarantined")
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _backoff(self, attempts: int) -> int:
+        delay = self.config.retry_backoff_s * (2 ** max(0, attempts - 1))
+        return max(0, round(min(delay, self.config.retry_backoff_max_s)))
+
+    def _log_phase(self, envelope: Envelope, phase_name: str, started: float, outcome: str,
+                   **extra: Any) -> None:
+        duration = time.monotonic() - started
+        metrics.PHASE_DURATION.labels(envelope.workflow, phase_name, outcome).observe(duration)
+        log.info("phase", phase=phase_name, outcome=outcome, duration_s=round(duration, 6),
+                 **extra)

@@ -1,0 +1,139 @@
+"""The SDK users write workflows with: ``Workflow`` and its ``@phase`` decorator.
+
+    storm = Workflow("storm-intel", schema_version=2)
+
+    @storm.phase("ingest")
+    async def ingest(ctx: Context, state: dict) -> dict: ...
+
+Phases run in declaration order. The first phase receives the start input as its state; the
+value a phase returns is the state committed at its door and handed to the next phase.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import types
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.context import Context
+
+PhaseFn = Callable[["Context", Any], Awaitable[Any]]
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+class WorkflowDefinitionError(ValueError):
+    """A workflow was declared wrongly (bad name, duplicate phase, not a coroutine)."""
+
+
+class NonRetryableError(Exception):
+    """Raise from a phase to fail the run at once, without the retry budget."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    fn: PhaseFn
+    index: int
+
+
+class Workflow:
+    """A named, versioned sequence of phases."""
+
+    def __init__(self, name: str, *, schema_version: int = 1) -> None:
+        if not _NAME.match(name):
+            raise WorkflowDefinitionError(
+                f"workflow name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
+        if schema_version < 1:
+            raise WorkflowDefinitionError("schema_version must be >= 1")
+        self.name = name
+        self.schema_version = schema_version
+        self._phases: dict[str, Phase] = {}
+
+    def phase(self, name: str) -> Callable[[PhaseFn], PhaseFn]:
+        """Register ``async def fn(ctx, state) -> state`` as the next phase."""
+        if not _NAME.match(name):
+            raise WorkflowDefinitionError(
+                f"phase name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
+        if name in self._phases:
+            raise WorkflowDefinitionError(f"phase {name!r} declared twice in {self.name!r}")
+
+        def register(fn: PhaseFn) -> PhaseFn:
+            if not callable(fn) or not _is_coroutine_function(fn):
+                raise WorkflowDefinitionError(f"phase {name!r} must be an async function")
+            self._phases[name] = Phase(name=name, fn=fn, index=len(self._phases))
+            return fn
+
+        return register
+
+    @property
+    def phases(self) -> list[Phase]:
+        return list(self._phases.values())
+
+    @property
+    def first_phase(self) -> str:
+        if not self._phases:
+            raise WorkflowDefinitionError(f"workflow {self.name!r} has no phases")
+        return next(iter(self._phases))
+
+    def get_phase(self, name: str) -> Phase | None:
+        return self._phases.get(name)
+
+    def next_phase(self, name: str) -> str | None:
+        index = self._phases[name].index + 1
+        phases = self.phases
+        return phases[index].name if index < len(phases) else None
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, schema_version={self.schema_version}, " \
+               f"phases={list(self._phases)})"
+
+
+def _is_coroutine_function(fn: object) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
+
+
+class Registry:
+    """The workflows a process knows, by name."""
+
+    def __init__(self, workflows: Iterable[Workflow] = ()) -> None:
+        self._by_name: dict[str, Workflow] = {}
+        for workflow in workflows:
+            self.add(workflow)
+
+    def add(self, workflow: Workflow) -> None:
+        existing = self._by_name.get(workflow.name)
+        if existing is not None and existing is not workflow:
+            raise WorkflowDefinitionError(f"two workflows are named {workflow.name!r}")
+        if not workflow.phases:
+            raise WorkflowDefinitionError(f"workflow {workflow.name!r} has no phases")
+        self._by_name[workflow.name] = workflow
+
+    def get(self, name: str) -> Workflow | None:
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @classmethod
+    def from_modules(cls, module_paths: Iterable[str]) -> Registry:
+        """Import each module and collect every ``Workflow`` among its globals."""
+        registry = cls()
+        for path in module_paths:
+            module = importlib.import_module(path)
+            registry.add_module(module)
+        return registry
+
+    def add_module(self, module: types.ModuleType) -> None:
+        for value in vars(module).values():
+            if isinstance(value, Workflow):
+                self.add(value)
