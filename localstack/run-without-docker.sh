@@ -36,7 +36,12 @@ install_venv() {
   echo "localstack: creating $VENV (takes a few minutes the first time)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
+  if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" \
+      >"$VENV/.install.log" 2>&1; then
+    cat "$VENV/.install.log" >&2
+    echo "localstack: pip install failed (log above)" >&2
+    exit 1
+  fi
   printf '%s' "${PINS[*]}" >"$STAMP"
 }
 
@@ -45,7 +50,9 @@ if [[ "${1:-}" == "--install-only" ]]; then
   exit 0
 fi
 
-mkdir -p "$STATE"
+mkdir -p "$STATE/etc/localstack/init"
+# In host mode LocalStack reads its init hooks from $FILESYSTEM_ROOT/etc/localstack/init.
+ln -sfn "$ROOT/localstack/init/ready.d" "$STATE/etc/localstack/init/ready.d"
 export OVERRIDE_IN_DOCKER=0          # the host may carry a /.dockerenv; we are not in Docker
 export FILESYSTEM_ROOT="$STATE"
 export SERVICES=sqs
