@@ -63,16 +63,18 @@ def _parse(stream: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(stream) if doc]
 
 
-def render(values: dict[str, Any], chart_dir: Path = CHART_DIR) -> Rendered:
+def render(
+    values: dict[str, Any], chart_dir: Path = CHART_DIR, release: str = RELEASE
+) -> Rendered:
     helm = shutil.which("helm")
     if helm:
-        return _render_with_binary(helm, values, chart_dir)
+        return _render_with_binary(helm, values, chart_dir, release)
     import helm_python
 
     try:
         with helm_python.Chart.load(chart_dir) as chart:
             chart.validate_schema(values)
-            files = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+            files = chart.render(values, name=release, namespace=NAMESPACE, is_install=True)
     except (helm_python.HelmRenderError, helm_python.HelmValuesError) as exc:
         raise RenderError(str(exc)) from exc
     objects: list[dict[str, Any]] = []
@@ -85,12 +87,14 @@ def render(values: dict[str, Any], chart_dir: Path = CHART_DIR) -> Rendered:
     return Rendered(objects, notes)
 
 
-def _render_with_binary(helm: str, values: dict[str, Any], chart_dir: Path) -> Rendered:
+def _render_with_binary(
+    helm: str, values: dict[str, Any], chart_dir: Path, release: str
+) -> Rendered:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as fh:
         yaml.safe_dump(values, fh)
         fh.flush()
         proc = subprocess.run(
-            [helm, "template", RELEASE, str(chart_dir), "--namespace", NAMESPACE,
+            [helm, "template", release, str(chart_dir), "--namespace", NAMESPACE,
              "--kube-version", KUBE_VERSION, "--values", fh.name],
             capture_output=True, text=True, check=False,
         )

@@ -1,0 +1,97 @@
+"""The plain manifests in k8s/: every kustomization builds, every object validates, and each
+stays equivalent to the chart rendered with the values it declares (k8s/**/chart-values.yaml)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy import chart
+from tests.deploy.validate import validate_object
+
+K8S = chart.ROOT / "k8s"
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed; `kubectl kustomize` builds the overlays")
+
+KUSTOMIZATIONS = ["base", "migrate", "overlays/keda", "overlays/eks-fargate"]
+# Labels and annotations only Helm adds (release bookkeeping, hook wiring, config checksums).
+HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
+HELM_RELEASE = "phasegate"
+
+
+def build(directory: str) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(K8S / directory)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def normalize(obj: dict[str, Any]) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    meta = obj["metadata"]
+    meta.pop("namespace", None)
+    for label in HELM_ONLY_LABELS:
+        meta.get("labels", {}).pop(label, None)
+    annotations = {k: v for k, v in meta.get("annotations", {}).items()
+                   if not k.startswith("helm.sh/")}
+    meta.pop("annotations", None)
+    if annotations:
+        meta["annotations"] = annotations
+    template = obj.get("spec", {}).get("template", {}).get("metadata", {})
+    template.get("annotations", {}).pop("checksum/config", None)
+    if "annotations" in template and not template["annotations"]:
+        template.pop("annotations")
+    return obj
+
+
+def keyed(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): normalize(o) for o in objects}
+
+
+def chart_equivalent(values_files: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
+    values: dict[str, Any] = {}
+    for path in values_files:
+        values = chart.merge_values(values, chart.load_values(path))
+    return keyed(chart.render(values, release=HELM_RELEASE).objects)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_kustomization_builds_and_validates(directory):
+    objects = build(directory)
+    assert objects
+    for obj in objects:
+        validate_object(obj)
+
+
+@pytest.mark.parametrize("directory", ["overlays/keda", "overlays/eks-fargate"])
+def test_overlay_has_one_autoscaler_and_a_namespace(directory):
+    objects = build(directory)
+    assert [o["kind"] for o in objects
+            if o["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"}] == ["ScaledObject"]
+    assert {o["metadata"].get("namespace") for o in objects} == {"phasegate"}
+
+
+def test_base_and_migrate_equal_the_chart(helm_home):
+    expected = chart_equivalent([K8S / "chart-values.yaml"])
+    actual = keyed(build("base") + build("migrate"))
+    assert sorted(actual) == sorted(expected)
+    for key, obj in expected.items():
+        assert actual[key] == obj, f"{key} differs from the chart"
+
+
+@pytest.mark.parametrize("overlay", ["overlays/keda", "overlays/eks-fargate"])
+def test_overlay_equals_the_chart(overlay, helm_home):
+    expected = chart_equivalent([K8S / "chart-values.yaml", K8S / overlay / "chart-values.yaml"])
+    expected = {k: v for k, v in expected.items() if k[0] != "Job"}  # migrations: k8s/migrate
+    actual = keyed(build(overlay))
+    assert sorted(actual) == sorted(expected)
+    for key, obj in expected.items():
+        assert actual[key] == obj, f"{key} differs from the chart"
