@@ -7,6 +7,7 @@ one round trip; the phase commit is a single CTE statement, so it is atomic on i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -162,9 +163,9 @@ class Store:
         row = await self.pool.fetchrow(self._q["successor"], workflow_id, branch, seq)
         return OutboxRow(**dict(row)) if row else None
 
-    async def mark_sent(self, outbox_ids: list[int]) -> None:
+    async def mark_sent(self, outbox_ids: Sequence[int]) -> None:
         if outbox_ids:
-            await self.pool.execute(self._q["mark_sent"], outbox_ids)
+            await self.pool.execute(self._q["mark_sent"], list(outbox_ids))
 
     async def outbox_lag_s(self) -> float:
         return float(await self.pool.fetchval(self._q["outbox_lag"]))

@@ -129,7 +129,10 @@ class Registry:
         """Import each module and collect every ``Workflow`` among its globals."""
         registry = cls()
         for path in module_paths:
-            module = importlib.import_module(path)
+            try:
+                module = importlib.import_module(path)
+            except ImportError as exc:
+                raise ImportError(f"cannot import {path!r}: {exc}") from exc
             registry.add_module(module)
         return registry
 

@@ -24,8 +24,6 @@ from tests.helpers import (
 from worker.envelope import canonical_json
 from worker.workflow import Registry
 
-pytestmark = pytest.mark.asyncio
-
 
 @pytest.fixture
 def settings(database_url, queue_pair, sqs_endpoint):

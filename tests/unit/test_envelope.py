@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from worker.envelope import (
+    Envelope,
+    canonical_json,
+    dedup_id,
+    message_group_id,
+    phase_message,
+    start_message,
+    state_hash,
+)
+
+
+def test_start_message_may_omit_seq_and_phase():
+    envelope = Envelope.model_validate({"v": 1, "kind": "start", "workflow_id": "wf-1",
+                                        "workflow": "w", "input": {"a": 1}})
+    assert envelope.seq == 0 and envelope.phase is None and envelope.branch == "main"
+
+
+def test_dedup_id_is_sha256_of_workflow_branch_seq():
+    assert dedup_id("wf-1", "main", 3) == hashlib.sha256(b"wf-1:main:3").hexdigest()
+    assert phase_message("wf-1", "w", 3, "p").dedup_id == dedup_id("wf-1", "main", 3)
+    assert dedup_id("wf-1", "main", 3, epoch=1) != dedup_id("wf-1", "main", 3)
+
+
+def test_group_id_is_the_workflow_id_and_branch_suffix():
+    assert message_group_id("wf-1") == "wf-1"
+    assert message_group_id("wf-1", "b2") == "wf-1/b2"
+
+
+@pytest.mark.parametrize("body", [
+    {"v": 2, "kind": "start", "workflow_id": "a", "workflow": "w"},
+    {"v": 1, "kind": "explode", "workflow_id": "a", "workflow": "w"},
+    {"v": 1, "kind": "phase", "workflow_id": "a", "workflow": "w", "seq": 1},
+    {"v": 1, "kind": "phase", "workflow_id": "a", "workflow": "w", "seq": 1, "phase": "p",
+     "input": {}},
+    {"v": 1, "kind": "start", "workflow_id": "jane.doe@example.com", "workflow": "w"},
+    {"v": 1, "kind": "start", "workflow_id": "a", "workflow": "w", "extra": 1},
+    {"v": 1, "kind": "start", "workflow_id": "a", "workflow": "w", "seq": -1},
+])
+def test_malformed_envelopes_are_rejected(body):
+    with pytest.raises(ValidationError):
+        Envelope.model_validate(body)
+
+
+def test_round_trip_and_canonical_hash():
+    message = start_message("wf-9", "w", {"b": 1, "a": [1, 2]})
+    assert Envelope.model_validate_json(message.to_json()) == message
+    canonical = canonical_json({"b": 1, "a": "é"})
+    assert canonical == '{"a":"é","b":1}'
+    expected = hashlib.sha256(json.dumps({"b": 1, "a": "é"}, sort_keys=True,
+                                         separators=(",", ":"), ensure_ascii=False).encode())
+    assert state_hash(canonical) == expected.hexdigest()
+
+
+def test_non_json_state_is_refused():
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+    with pytest.raises(TypeError):
+        canonical_json({"x": object()})
