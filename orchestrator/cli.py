@@ -44,7 +44,7 @@ def load_registry(settings: Settings, *, required: bool = True) -> Registry:
         registry = Registry.from_modules(settings.module_list)
     except (ImportError, WorkflowDefinitionError) as exc:
         exit_on_settings_error(SettingsError(
-            "PHASEGATE_WORKFLOW_MODULES", f"{type(exc).__name__}: {exc}"))
+            "PHASEGATE_WORKFLOW_MODULES", str(exc)))
     if required and not len(registry):
         exit_on_settings_error(SettingsError(
             "PHASEGATE_WORKFLOW_MODULES", "the modules define no Workflow"))
@@ -104,7 +104,7 @@ def relay() -> None:
     """Send outbox rows that workers committed but did not send, until SIGTERM."""
     from orchestrator.relay import Relay
     from worker.queue import SqsQueue
-    from worker.store import Store, create_pool
+    from worker.store import Store
 
     settings = require(settings_from(), "database_url", "queue_url")
     holder: dict[str, Relay] = {}
@@ -122,7 +122,6 @@ def relay() -> None:
             await pool.close()
 
     run_until_signal(run, lambda: holder["relay"].stop() if "relay" in holder else None)
-    _ = create_pool
 
 
 async def _connect_pool(settings: Settings) -> Any:
