@@ -3,6 +3,7 @@ HPA controller's algorithm (tests/deploy/hpa.py) and a model fleet (tests/deploy
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -108,7 +109,7 @@ def test_steady_load_converges_without_flapping(fleet, spec):
     assert min(replicas) >= expected and max(replicas) <= expected + 2, replicas
     # The target equals what a worker can hold, so no backlog builds up at equilibrium.
     assert max(s.visible for s in settled) <= per_second * fleet.concurrency
-    changes = sum(1 for a, b in zip(settled, settled[1:], strict=False)
+    changes = sum(1 for a, b in itertools.pairwise(settled)
                   if a.replicas != b.replicas)
     assert changes <= 4, f"{changes} replica changes under steady load"
     assert fleet.handed_back == 0
@@ -133,7 +134,7 @@ def test_scale_down_respects_the_stabilization_window(fleet, spec):
     window = spec.down.window_s
     history = fleet.history
     syncs = [s for s in history if s.t % fleet.sync_s == 0]
-    for prev, cur in zip(history, history[1:], strict=False):
+    for prev, cur in itertools.pairwise(history):
         if cur.replicas < prev.replicas:
             recent = [s for s in syncs if cur.t - window < s.t <= cur.t]
             demanded = max(s.observed for s in recent) / spec.target_average
