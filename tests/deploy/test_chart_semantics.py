@@ -79,12 +79,17 @@ def test_prometheus_adapter_rule_serves_the_hpa_metric(rendered):
     assert "<<.LabelMatchers>>" in rule["metricsQuery"]
 
 
-def test_exporter_metric_name_matches_the_orchestrator():
-    """The chart's metric name is the name the orchestrator's exporter registers."""
-    sources = "\n".join(
-        p.read_text() for p in (chart.ROOT / "orchestrator").rglob("*.py"))
-    assert f'"{EXPORTED_QUEUE_METRIC}"' in sources, (
-        f"orchestrator/ registers no metric named {EXPORTED_QUEUE_METRIC}")
+def test_hpa_metric_is_what_the_orchestrator_exports(rendered):
+    """The HPA's metric name and state selector match the exporter's gauge and label values."""
+    from orchestrator.exporter import QUEUE_MESSAGES
+
+    (family,) = QUEUE_MESSAGES.collect()
+    assert family.name == EXPORTED_QUEUE_METRIC
+    exported_states = {sample.labels["state"] for sample in family.samples}
+    metric = rendered["default"].one("HorizontalPodAutoscaler")["spec"]["metrics"][0]
+    assert metric["external"]["metric"]["name"] == family.name
+    (expr,) = metric["external"]["metric"]["selector"]["matchExpressions"]
+    assert set(expr["values"]) == {"visible", "inflight"} <= exported_states
 
 
 @pytest.mark.parametrize("scenario", ["keda", "fargate"])
