@@ -132,6 +132,10 @@ class EmbeddedSqs:
         except ImportError as exc:
             raise EmbeddedError("the local SQS server needs moto: pip install "
                                 "'phasegate[demo]' (or 'moto[server]')") from exc
+        import logging
+
+        # One access-log line per SQS call would drown the demo's progress view.
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         server.start()
         self._server = server
