@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepare this checkout on a machine that has only Python 3.11+: a .venv with phasegate and
+# its test tools, and PostgreSQL server binaries (from the OS packages) when none exist.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "phasegate needs Python 3.11 or newer (set PYTHON=...)" >&2
+  exit 2
+fi
+
+have_pg_binaries() {
+  command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
+}
+if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing PostgreSQL server binaries (apt-get install postgresql) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "no PostgreSQL server binaries (initdb) found: install the postgresql package" \
+         "or set PHASEGATE_TEST_DATABASE_URL / PHASEGATE_DATABASE_URL" >&2
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=.venv/.phasegate-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-constraints.txt -nt "$stamp" ]; then
+  echo "installing phasegate and its test tools into .venv ..." >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check \
+    -c requirements-constraints.txt -e ".[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -c 'import worker, orchestrator, moto, pytest' \
+    || { echo "installation failed" >&2; exit 1; }
+  touch "$stamp"
+fi

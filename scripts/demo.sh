@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole system on this machine: throwaway Postgres, local SQS server, workers, sample
+# workflows, a SIGKILL mid-run, a live progress view and a summary. Args go to `phasegate demo`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/phasegate demo "$@"
