@@ -62,6 +62,7 @@ export LOCALSTACK_HOST="127.0.0.1:$PORT"
 export SQS_ENDPOINT_STRATEGY=path
 export SKIP_SSL_CERT_DOWNLOAD=1
 export DISABLE_EVENTS=1
+export DNS_ADDRESS=0               # no DNS server (it would try to bind port 53)
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
 export PHASEGATE_LOCALSTACK_ENDPOINT="http://127.0.0.1:$PORT"
 exec "$VENV/bin/python" -m localstack.runtime.main

@@ -51,7 +51,9 @@ queue_url = sqs.create_queue(
         **fifo,
         "VisibilityTimeout": visibility,
         "ReceiveMessageWaitTimeSeconds": "20",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive}),
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": int(max_receive)}
+        ),
     },
 )["QueueUrl"]
 print(f"phasegate queues ready: {queue_url} (dead letters: {dlq_url})")
