@@ -21,6 +21,7 @@ import structlog
 
 from worker import metrics
 from worker.batcher import MicroBatcher
+from worker.emergency import EmergencyController
 from worker.faults import Faults
 from worker.limits import SQS_MAX_RECEIVE_BATCH
 from worker.probes import ProbeServer
@@ -34,6 +35,7 @@ from worker.transition import (
     Settlement,
     TransitionConfig,
 )
+from worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
 from worker.workflow import Registry
 
 log = structlog.get_logger("phasegate.worker")
@@ -48,8 +50,10 @@ class Worker:
 
     def __init__(self, *, settings: Settings, registry: Registry,
                  queue: Queue | None = None, dlq: Queue | None = None,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None,
+                 watchdog_settings: WatchdogSettings | None = None) -> None:
         self.settings = settings
+        self.watchdog_settings = watchdog_settings or WatchdogSettings()
         self.registry = registry
         self.queue = queue
         self.dlq = dlq
@@ -105,6 +109,34 @@ class Worker:
     def held(self) -> int:
         return len(self._held)
 
+    # -- what the emergency flush (worker/emergency.py) steers -------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def concurrency_limit(self) -> int:
+        return self._concurrency_limit
+
+    def pause_receiving(self) -> None:
+        if not self._stop.is_set():
+            self._receiving.clear()
+
+    def resume_receiving(self) -> None:
+        self._receiving.set()
+        self._capacity_changed.set()
+
+    def set_concurrency(self, limit: int) -> None:
+        self._concurrency_limit = max(1, limit)
+        self._capacity_changed.set()
+
+    async def shed_unstarted(self) -> int:
+        """Hand back held messages whose phase has not started; returns how many."""
+        unstarted = [h for h in self._held if h not in self._started]
+        await self.hand_back(unstarted)
+        return len(unstarted)
+
     async def run(self, *, burst: bool = False) -> None:
         """Run until ``stop()`` (or, with ``burst``, until the queue is drained)."""
         async with AsyncExitStack() as stack:
@@ -133,6 +165,12 @@ class Worker:
             side = {asyncio.create_task(coro, name=name) for name, coro in (
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
                 ("releaser", releaser.run()), ("mark_sent", mark_sent.run()))}
+            emergency = EmergencyController(self, self.watchdog_settings)
+            watchdog: Watchdog | None = start_watchdog(
+                self.watchdog_settings, asyncio.get_running_loop(), emergency.submit)
+            if watchdog is not None:
+                stack.callback(watchdog.stop)
+                side.add(asyncio.create_task(emergency.run(), name="emergency"))
             self._ready = True
             metrics.READY.set(1)
             log.info("worker_ready", worker_id=self.settings.worker_id,
@@ -244,6 +282,8 @@ class Worker:
             if messages is None:
                 break
             if messages:
+                messages = await self._admit(messages)
+            if messages:
                 self._dispatch(messages)
             elif burst and not self._held and await self._queue_empty():
                 break
@@ -264,6 +304,16 @@ class Worker:
         with suppress(asyncio.CancelledError, Exception):
             await receive
         return None
+
+    async def _admit(self, messages: list[Received]) -> list[Received]:
+        """A long poll may return after an emergency flush paused receiving or lowered the
+        concurrency: hand back at once what no longer fits."""
+        free = (self._concurrency_limit - len(self._held)) if self._receiving.is_set() else 0
+        if len(messages) <= free:
+            return messages
+        keep, excess = messages[:max(0, free)], messages[max(0, free):]
+        await self.hand_back([m.receipt_handle for m in excess])
+        return keep
 
     async def _queue_empty(self) -> bool:
         assert self.queue is not None
@@ -336,6 +386,10 @@ class Worker:
         """Visibility 0: another worker may take these at once. Work here is retryable."""
         if not receipt_handles or self.queue is None:
             return
+        # Forget first: a group task checks _held before it starts a message, so nothing
+        # being handed back can start while the call is in flight.
+        for handle in receipt_handles:
+            self._forget(handle)
         try:
             await self.queue.change_visibility([(h, 0) for h in receipt_handles])
             log.info("handed_back", messages=len(receipt_handles))
@@ -344,8 +398,6 @@ class Worker:
         except Exception as exc:
             metrics.SQS_ERRORS.labels("hand_back").inc()
             log.warning("hand_back_failed", error=type(exc).__name__)
-        for handle in receipt_handles:
-            self._forget(handle)
 
     # -- stopping -----------------------------------------------------------------------------
 
