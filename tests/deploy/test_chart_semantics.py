@@ -280,6 +280,23 @@ def test_fargate_pods_are_selectable_and_node_free(rendered):
     assert rendered["fargate"].of_kind("DaemonSet") == []
 
 
+# Fargate pod sizes (vCPU -> memory GiB) and the memory it adds for its own components.
+FARGATE_SIZES = {0.25: {0.5, 1, 2}, 0.5: set(range(1, 5)), 1: set(range(2, 9)),
+                 2: set(range(4, 17)), 4: set(range(8, 31))}
+FARGATE_OVERHEAD_MIB = 256
+
+
+def test_fargate_requests_land_on_a_fargate_size(rendered):
+    for name in ("-worker", "-orchestrator"):
+        (container,) = rendered["fargate"].one("Deployment", name)["spec"]["template"]["spec"][
+            "containers"]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert requests == limits, "on Fargate the pod is sized once; limits add nothing"
+        cpu = int(requests["cpu"].removesuffix("m")) / 1000
+        memory_mib = int(requests["memory"].removesuffix("Mi"))
+        assert (memory_mib + FARGATE_OVERHEAD_MIB) / 1024 in FARGATE_SIZES[cpu], name
+
+
 def test_optional_objects_follow_their_switches(rendered):
     default, minimal = rendered["default"], rendered["minimal"]
     assert default.of_kind("ServiceMonitor") and not minimal.of_kind("ServiceMonitor")
