@@ -199,5 +199,17 @@ def demo(runs: int, workers: int, no_kill: bool) -> None:
     sys.exit(run_demo(runs=runs, workers=workers, kill=not no_kill))
 
 
+from orchestrator import cli_control  # noqa: E402  (control plane; needs the helpers above)
+
+main.add_command(cli_control.orchestrator)
+main.add_command(cli_control.status)
+main.add_command(cli_control.inspect)
+main.add_command(cli_control.cancel)
+main.add_command(cli_control.retry)
+main.add_command(cli_control.restart)
+main.add_command(cli_control.approve)
+main.add_command(cli_control.reject)
+main.add_command(cli_control.purge)
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,193 @@
+"""Control-plane commands: ``orchestrator``, ``status``, ``inspect``, ``cancel|retry|restart|
+approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``orchestrator/cli.py``.
+
+Each control command talks to the orchestrator's API with ``--api URL`` (or
+``PHASEGATE_API_URL``) and to the database directly otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import click
+
+from orchestrator import render
+from orchestrator.backends import ApiBackend, Backend, BackendError, DatabaseBackend
+
+API_OPTION = click.option(
+    "--api", "api_url", envvar="PHASEGATE_API_URL",
+    help="The orchestrator's URL (PHASEGATE_API_URL); without it, the database directly.")
+
+
+def _backend(api_url: str | None, *, needs_registry: bool = False) -> Backend:
+    from orchestrator.cli import load_registry, require, settings_from
+
+    settings = settings_from()
+    if api_url:
+        return ApiBackend(api_url)
+    require(settings, "database_url")
+    return DatabaseBackend(settings, load_registry(settings, required=needs_registry))
+
+
+def _fail(error: BackendError) -> None:
+    click.echo(f"phasegate: {error}", err=True)
+    raise SystemExit(1 if error.status in (0, 404, 409) else 2)
+
+
+@click.command()
+@click.option("--host", help="Listen address (PHASEGATE_API_HOST; default 127.0.0.1).")
+@click.option("--port", type=int, help="Listen port (PHASEGATE_API_PORT; default 8080).")
+@click.option("--no-relay", is_flag=True, envvar="PHASEGATE_NO_RELAY",
+              help="Do not run the outbox relay in this process.")
+@click.option("--exporter-interval", type=float, default=5.0, show_default=True,
+              envvar="PHASEGATE_EXPORTER_INTERVAL_S", help="Seconds between queue polls.")
+@click.option("--fleet-deployment", envvar="PHASEGATE_FLEET_DEPLOYMENT",
+              default="phasegate-worker", show_default=True,
+              help="The worker Deployment the fleet view reads.")
+@click.option("--fleet-namespace", envvar="PHASEGATE_FLEET_NAMESPACE",
+              help="Its namespace (default: the pod's own).")
+def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_interval: float,
+                 fleet_deployment: str, fleet_namespace: str | None) -> None:
+    """Serve the HTTP API, run the outbox relay and the queue-depth exporter until SIGTERM."""
+    from orchestrator.cli import fail, load_registry, require, run_until_signal, settings_from
+    from orchestrator.server import Orchestrator, OrchestratorOptions
+
+    settings = require(settings_from(api_host=host, api_port=port), "database_url", "queue_url")
+    registry = load_registry(settings, required=False)
+    instance = Orchestrator(settings, registry, OrchestratorOptions(
+        host=settings.api_host, port=settings.api_port, relay=not no_relay,
+        exporter_interval_s=exporter_interval, fleet_deployment=fleet_deployment,
+        fleet_namespace=fleet_namespace))
+
+    async def run() -> None:
+        try:
+            await instance.run()
+        except OSError as exc:
+            fail(f"cannot start the orchestrator: {type(exc).__name__}: {exc}")
+
+    run_until_signal(run, instance.stop)
+
+
+@click.command()
+@API_OPTION
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", type=float, default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
+@click.option("--count", type=int, default=None, hidden=True,
+              help="Stop --watch after this many refreshes.")
+def status(api_url: str | None, watch: bool, interval: float, count: int | None) -> None:
+    """A table of runs by status, workflow, phase and tier, with queue depth and the fleet."""
+    backend = _backend(api_url)
+    color = sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            text = render.status(backend.summary(), backend.fleet(), color=color)
+            if watch:
+                click.echo(render.CLEAR_SCREEN if color else "", nl=False)
+                click.echo(time.strftime("%H:%M:%S ") + "phasegate status (Ctrl-C to stop)")
+            click.echo(text)
+            shown += 1
+            if not watch or (count is not None and shown >= count):
+                break
+            time.sleep(interval)  # the refresh rate of a human-facing display
+    except BackendError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        backend.close()
+
+
+@click.command()
+@API_OPTION
+@click.argument("workflow_id")
+@click.option("--state", "include_state", is_flag=True, help="Show each checkpoint's state.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool) -> None:
+    """A run and its history: checkpoints and operator actions."""
+    import json
+
+    backend = _backend(api_url)
+    try:
+        run = backend.run(workflow_id)
+        history = backend.checkpoints(workflow_id, include_state)
+        actions = backend.actions(workflow_id)
+    except BackendError as exc:
+        _fail(exc)
+    finally:
+        backend.close()
+    if as_json:
+        click.echo(json.dumps({"run": run, "checkpoints": history["checkpoints"],
+                               "actions": actions["actions"]}, indent=2))
+        return
+    click.echo(render.inspect(run, history["checkpoints"], actions["actions"],
+                              include_state=include_state, color=sys.stdout.isatty()))
+
+
+def _action_command(action: str, help_text: str) -> click.Command:
+    @click.command(name=action, help=help_text)
+    @API_OPTION
+    @click.argument("workflow_id")
+    @click.option("--reason", help="Why (kept in the run's action log).")
+    def command(api_url: str | None, workflow_id: str, reason: str | None) -> None:
+        backend = _backend(api_url, needs_registry=action == "restart")
+        try:
+            result = backend.act(action, workflow_id, reason)
+        except BackendError as exc:
+            _fail(exc)
+        finally:
+            backend.close()
+        click.echo(render.action(result))
+
+    return command
+
+
+cancel = _action_command("cancel", "Cancel a run (a phase running now commits nothing).")
+retry = _action_command("retry", "Resume a failed run from its last committed checkpoint.")
+restart = _action_command("restart", "Run a needs_restart run again from its input.")
+approve = _action_command("approve", "Continue a run that is awaiting review.")
+reject = _action_command("reject", "Re-run the phase of a run that is awaiting review.")
+
+
+@click.command()
+@click.option("--older-than", "older_than", required=True, envvar="PHASEGATE_RETENTION",
+              help="Age of finished runs to delete: 7d, 12h, 30m (PHASEGATE_RETENTION).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
+              help="Runs deleted per statement.")
+def purge(older_than: str, dry_run: bool, batch_size: int) -> None:
+    """Delete finished runs (with checkpoints and outbox rows) older than an age."""
+    from orchestrator.cli import fail, require, settings_from
+    from orchestrator.purge import parse_age
+    from orchestrator.purge import purge as run_purge
+    from worker.store import create_pool
+
+    settings = require(settings_from(), "database_url")
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        fail(f"--older-than: {exc}", 2)
+
+    async def run() -> Any:
+        try:
+            pool = await create_pool(settings.database_url or "", min_size=1, max_size=1,
+                                     statement_cache_size=settings.db_statement_cache_size)
+        except Exception as exc:
+            fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {type(exc).__name__}")
+        try:
+            return await run_purge(pool, age, batch_size=batch_size, dry_run=dry_run)
+        finally:
+            await pool.close()
+
+    report = asyncio.run(run())
+    verb = "would delete" if dry_run else "deleted"
+    batches = "" if dry_run else f" in {report.batches} batches"
+    click.echo(f"{verb} {report.runs} runs, {report.checkpoints} checkpoints, "
+               f"{report.outbox} outbox rows finished more than {older_than} ago{batches}")
+
+
+COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge]

@@ -1,0 +1,182 @@
+"""Steering runs: start, cancel, retry, restart, approve, reject. Shared by the API and CLI.
+
+Each action reads the run, decides (a wrong state is a ``Conflict`` with a reason), then
+writes in ONE statement conditional on the run still being exactly as read: the run row, the
+outbox row that resumes it and a ``control_actions`` row. Only then is the message sent; if
+the send fails, the relay sends it. A run that changed in between is read again.
+
+Resuming bumps the run's ``epoch``; the message's deduplication id includes it, so SQS's
+5-minute deduplication window cannot swallow the message that resumes a run whose original
+message for the same seq was sent moments ago.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import structlog
+
+from orchestrator.sql import queries
+from orchestrator.starter import StartError, start_workflow
+from orchestrator.views import Conflict, Invalid, NotFound, Run, Views
+from worker.envelope import dedup_id, message_group_id, phase_message
+from worker.queue import Outgoing, Queue
+from worker.store import Store
+from worker.workflow import Registry
+
+log = structlog.get_logger("phasegate.control")
+
+CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart")
+# A run that changes under an action this many times in a row is reported as a conflict.
+MAX_RACES = 5
+REASON_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did: the run as it is now, and whether its message reached SQS."""
+
+    run: Run
+    action: str
+    sent: bool | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: str
+    allowed: tuple[str, ...]
+    hint: str
+
+
+RULES = {
+    "retry": Rule("retry", ("failed",), "retry resumes a failed run from its last checkpoint"),
+    "restart": Rule("restart", ("needs_restart",),
+                    "restart starts a needs_restart run again from its input"),
+    "approve": Rule("approve", ("awaiting_review",), "approve continues a run under review"),
+    "reject": Rule("reject", ("awaiting_review",), "reject re-runs the phase under review"),
+    "cancel": Rule("cancel", CANCELLABLE, "finished runs cannot be cancelled"),
+}
+
+
+def refuse(rule: Rule, run: Run) -> Conflict:
+    return Conflict(f"cannot {rule.action} run {run.workflow_id}: its status is "
+                    f"{run.status!r}, {rule.action} needs {' or '.join(rule.allowed)} "
+                    f"({rule.hint})")
+
+
+class Control:
+    """The write side of the control plane. ``queue`` may be None (the relay then sends)."""
+
+    def __init__(self, pool: asyncpg.Pool, queue: Queue | None, registry: Registry | None,
+                 *, actor: str | None = None) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.registry = registry or Registry()
+        self.actor = actor
+        self.views = Views(pool)
+        self.store = Store(pool)
+        self._q = queries()
+
+    # -- start --------------------------------------------------------------------------------
+
+    async def start(self, workflow_name: str, input: Any,
+                    workflow_id: str | None = None) -> tuple[Run, bool]:
+        """Start a run (idempotent on ``workflow_id``). Returns the run and whether it is new."""
+        workflow = self.registry.get(workflow_name)
+        if workflow is None:
+            raise Invalid(f"unknown workflow {workflow_name!r}; this orchestrator loads "
+                          f"{self.registry.names()} (PHASEGATE_WORKFLOW_MODULES)")
+        if self.queue is None:
+            raise Conflict("starting runs needs PHASEGATE_QUEUE_URL")
+        try:
+            started = await start_workflow(self.store, self.queue, workflow=workflow,
+                                           input=input, workflow_id=workflow_id)
+        except StartError as exc:
+            raise Invalid(str(exc)) from None
+        run = await self.views.get_run(started.workflow_id)
+        if not started.created and run.workflow != workflow.name:
+            raise Conflict(f"id {run.workflow_id!r} already belongs to a run of workflow "
+                           f"{run.workflow!r}")
+        return run, started.created
+
+    # -- the state transitions ------------------------------------------------------------------
+
+    async def cancel(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        rule = RULES["cancel"]
+        for _ in range(MAX_RACES):
+            run = await self.views.get_run(workflow_id)
+            if run.status not in rule.allowed:
+                raise refuse(rule, run)
+            done = await self.pool.fetchval(self._q["cancel_run"], workflow_id, run.status,
+                                            _clip(reason), self.actor)
+            if done is not None:
+                log.info("run_cancelled", workflow_id=workflow_id, from_status=run.status)
+                return Outcome(await self.views.get_run(workflow_id), "cancel")
+        raise Conflict(f"run {workflow_id} kept changing; try again")
+
+    async def retry(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(RULES["retry"], workflow_id, reason)
+
+    async def restart(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(RULES["restart"], workflow_id, reason)
+
+    async def approve(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(RULES["approve"], workflow_id, reason)
+
+    async def reject(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(RULES["reject"], workflow_id, reason)
+
+    async def _resume(self, rule: Rule, workflow_id: str, reason: str | None) -> Outcome:
+        for _ in range(MAX_RACES):
+            run = await self.views.get_run(workflow_id)
+            if run.status not in rule.allowed:
+                raise refuse(rule, run)
+            phase, schema_version = self._resume_point(rule, run)
+            epoch = run.epoch + 1
+            message = phase_message(workflow_id, run.workflow, run.seq, phase)
+            dedup = dedup_id(workflow_id, message.branch, run.seq, epoch)
+            outbox_id = await self.pool.fetchval(
+                self._q["resume_run"], workflow_id, run.status, run.seq, run.epoch, phase,
+                rule.action == "restart", schema_version, dedup,
+                message_group_id(workflow_id, message.branch), message.to_json(), rule.action,
+                _clip(reason), self.actor)
+            if outbox_id is None:
+                continue  # the run changed since we read it: decide again
+            sent = await self._send(outbox_id, message.to_json(), message.group_id, dedup)
+            log.info("run_resumed", workflow_id=workflow_id, action=rule.action,
+                     from_status=run.status, seq=run.seq, epoch=epoch, sent=sent)
+            return Outcome(await self.views.get_run(workflow_id), rule.action, sent)
+        raise Conflict(f"run {workflow_id} kept changing; try again")
+
+    def _resume_point(self, rule: Rule, run: Run) -> tuple[str, int | None]:
+        """The phase the resuming message names, and the schema version to set (restart)."""
+        if rule.action == "restart":
+            workflow = self.registry.get(run.workflow)
+            if workflow is None:
+                raise Conflict(f"cannot restart run {run.workflow_id}: workflow "
+                               f"{run.workflow!r} is not loaded here (PHASEGATE_WORKFLOW_MODULES"
+                               f" = {self.registry.names()}), so its first phase is unknown")
+            return workflow.first_phase, workflow.schema_version
+        if run.current_phase is None:
+            raise Conflict(f"cannot {rule.action} run {run.workflow_id}: it has no current phase")
+        return run.current_phase, None
+
+    async def _send(self, outbox_id: int, body: str, group_id: str, dedup: str) -> bool:
+        if self.queue is None:
+            return False
+        try:
+            await self.queue.send([Outgoing(body, group_id, dedup)])
+        except Exception as exc:
+            log.warning("control_send_failed_relay_will_send", error=type(exc).__name__)
+            return False
+        await self.store.mark_sent([outbox_id])
+        return True
+
+
+def _clip(reason: str | None) -> str | None:
+    return reason[:REASON_LIMIT] if reason else None
+
+
+__all__ = ["CANCELLABLE", "RULES", "Conflict", "Control", "Invalid", "NotFound", "Outcome"]

@@ -1,0 +1,167 @@
+"""The orchestrator process: the HTTP API, the outbox relay and the queue-depth exporter on
+one event loop.
+
+The three run as supervised tasks: if one of them ends with an error the others are stopped
+and the process exits non-zero (loudly), never with a side task silently gone. ``stop()`` (on
+SIGTERM) stops all three; the process then exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from dataclasses import dataclass
+
+import structlog
+import uvicorn
+
+from orchestrator.api import Services, create_app
+from orchestrator.control import Control
+from orchestrator.exporter import QueueDepthExporter
+from orchestrator.fleet import FleetView
+from orchestrator.relay import Relay
+from worker.queue import SqsQueue
+from worker.settings import Settings
+from worker.store import Store, create_pool
+from worker.workflow import Registry
+
+log = structlog.get_logger("phasegate.orchestrator")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the orchestrator owns SIGTERM (and uvicorn
+    would re-raise the signal after shutdown, turning a clean stop into a non-zero exit)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_started()
+
+
+@dataclass(frozen=True)
+class OrchestratorOptions:
+    host: str
+    port: int
+    relay: bool = True
+    exporter_interval_s: float = 5.0
+    fleet_deployment: str | None = None
+    fleet_namespace: str | None = None
+
+
+class Orchestrator:
+    def __init__(self, settings: Settings, registry: Registry,
+                 options: OrchestratorOptions) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.options = options
+        self.port: int | None = None
+        self.started = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._server: _Server | None = None
+        self._relay: Relay | None = None
+        self._exporter: QueueDepthExporter | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._relay is not None:
+            self._relay.stop()
+        if self._exporter is not None:
+            self._exporter.stop()
+
+    async def run(self) -> None:
+        settings = self.settings
+        pool = await create_pool(settings.database_url or "", min_size=1,
+                                 max_size=max(2, settings.db_pool_max),
+                                 statement_cache_size=settings.db_statement_cache_size,
+                                 connect_timeout_s=settings.db_connect_timeout_s)
+        fleet = FleetView.from_environment(deployment=self.options.fleet_deployment,
+                                           namespace=self.options.fleet_namespace)
+        try:
+            async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
+                                region=settings.aws_region) as queue:
+                control = Control(pool, queue, self.registry, actor="api")
+                app = create_app(Services(control=control, queue=queue, fleet=fleet))
+                self._server = _Server(uvicorn.Config(
+                    app, host=self.options.host, port=self.options.port, log_config=None,
+                    access_log=False, lifespan="off"), self._listening)
+                tasks: dict[str, Callable[[], Awaitable[None]]] = {
+                    "api": self._serve}
+                if self.options.relay:
+                    self._relay = Relay(store=Store(pool), queue=queue,
+                                        after_s=settings.relay_after_s,
+                                        interval_s=settings.relay_interval_s,
+                                        batch=settings.relay_batch)
+                    tasks["relay"] = self._relay.run
+                self._exporter = QueueDepthExporter(
+                    queue=queue, views=control.views,
+                    interval_s=self.options.exporter_interval_s)
+                tasks["exporter"] = self._exporter.run
+                if self._stop.is_set():
+                    return
+                await self._supervise(tasks)
+        finally:
+            fleet.close()
+            await pool.close()
+
+    def _listening(self) -> None:
+        assert self._server is not None
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        log.info("orchestrator_listening", url=self.url, relay=self.options.relay)
+        self.started.set()
+
+    async def _serve(self) -> None:
+        assert self._server is not None
+        server = self._server
+        await server.serve()
+        if not self._stop.is_set():
+            raise RuntimeError("the HTTP server stopped on its own (could it bind "
+                               f"{self.options.host}:{self.options.port}?)")
+
+    async def _supervise(self, factories: dict[str, Callable[[], Awaitable[None]]]) -> None:
+        tasks = {asyncio.ensure_future(f()): name for name, f in factories.items()}
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        failure: BaseException | None = None
+        for task in done:
+            if not self._stop.is_set() or task.exception() is not None:
+                failure = task.exception() or RuntimeError(f"{tasks[task]} stopped unexpectedly")
+                log.error("side_task_died", task=tasks[task], error=repr(failure))
+                break
+        self.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if failure is not None:
+            raise failure
+
+
+@contextlib.asynccontextmanager
+async def running_orchestrator(settings: Settings, registry: Registry,
+                               options: OrchestratorOptions) -> AsyncIterator[Orchestrator]:
+    """Run an orchestrator on this loop for the length of the block (the demo, tests)."""
+    orchestrator = Orchestrator(settings, registry, options)
+    task = asyncio.ensure_future(orchestrator.run())
+    started = asyncio.ensure_future(orchestrator.started.wait())
+    await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        started.cancel()
+        task.result()
+        raise RuntimeError("the orchestrator stopped before it started")
+    try:
+        yield orchestrator
+    finally:
+        orchestrator.stop()
+        await task
