@@ -111,8 +111,7 @@ def lint(values: dict[str, Any], chart_dir: Path = CHART_DIR) -> list[str]:
             yaml.safe_dump(values, fh)
             fh.flush()
             proc = subprocess.run(
-                [helm, "lint", "--strict", str(chart_dir), "--values", fh.name,
-                 "--kube-version", KUBE_VERSION],
+                [helm, "lint", "--strict", str(chart_dir), "--values", fh.name],
                 capture_output=True, text=True, check=False,
             )
         return [] if proc.returncode == 0 else [proc.stdout + proc.stderr]

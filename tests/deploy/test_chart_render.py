@@ -45,11 +45,11 @@ def test_notes_name_the_autoscaler(rendered):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"autoscaling": {"mode": "both"}}, "autoscaling/mode"),
+        ({"autoscaling": {"mode": "both"}}, "autoscaling[./]mode"),
         ({"worker": {"replicaz": 2}}, "replicaz"),
         ({"config": {"queueUrl": "sqs://nope"}}, "queueUrl"),
         ({"autoscaling": {"hpa": {"minReplicas": -1}}}, "minReplicas"),
-        ({"database": {"url": "mysql://x"}}, "database/url"),
+        ({"database": {"url": "mysql://x"}}, "database[./]url"),
     ],
 )
 def test_schema_rejects_bad_values(override, message, minimal_values, helm_home):
