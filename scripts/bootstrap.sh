@@ -30,10 +30,14 @@ fi
 stamp=.venv/.phasegate-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-constraints.txt -nt "$stamp" ]; then
   echo "installing phasegate and its test tools into .venv ..." >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 \
-    | grep -v "^WARNING: Location" >&2 || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check \
-    -c requirements-constraints.txt -e ".[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  log=.venv/install.log
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install -q --disable-pip-version-check \
+           -c requirements-constraints.txt -e ".[test]"; } >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" >&2
+    echo "installation failed (full log: $log)" >&2
+    exit 1
+  fi
   .venv/bin/python -c 'import worker, orchestrator, moto, pytest' \
     || { echo "installation failed" >&2; exit 1; }
   touch "$stamp"
