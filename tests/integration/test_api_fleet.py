@@ -1,0 +1,180 @@
+"""The fleet view through the real ``kubernetes`` client against a local fake apiserver.
+
+No kube-apiserver can run on this machine, so ``FakeApiServer`` serves the two paths the
+fleet view reads (a Deployment and a pod list by label selector) over real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from orchestrator.api import Services, create_app
+from orchestrator.control import Control
+from orchestrator.fleet import FleetView
+from tests.helpers import queue_for
+from worker.store import create_pool
+from worker.workflow import Registry
+
+SELECTOR = {"app.kubernetes.io/name": "phasegate", "app.kubernetes.io/component": "worker"}
+CONTAINER = {"name": "worker", "image": "phasegate:1"}
+
+
+def deployment(replicas: int, ready: int) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "pg-worker", "namespace": "jobs"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": SELECTOR},
+                     "template": {"metadata": {"labels": SELECTOR},
+                                  "spec": {"containers": [CONTAINER]}}},
+            "status": {"replicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
+                       "updatedReplicas": replicas}}
+
+
+def container_status(*, last: dict[str, Any] | None = None,
+                     now: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"name": "worker", "image": "phasegate:1", "imageID": "sha256:1", "ready": True,
+            "restartCount": 1 if last else 0, "lastState": last or {},
+            "state": now or {"running": {"startedAt": "2026-11-29T10:00:00Z"}}}
+
+
+PODS = {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
+    {"metadata": {"name": "pg-worker-a"}, "spec": {"containers": [CONTAINER]},
+     "status": {"phase": "Running", "containerStatuses": [container_status(last={"terminated": {
+         "reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T10:05:00Z"}})]}},
+    {"metadata": {"name": "pg-worker-b"}, "spec": {"containers": [CONTAINER]},
+     "status": {"phase": "Failed", "reason": "Evicted", "startTime": "2026-11-29T09:00:00Z",
+                "message": "The node was low on resource: memory."}},
+    {"metadata": {"name": "pg-worker-c"}, "spec": {"containers": [CONTAINER]},
+     "status": {"phase": "Running", "containerStatuses": [container_status(last={"terminated": {
+         "reason": "Completed", "exitCode": 0, "finishedAt": "2026-11-29T10:06:00Z"}})]}},
+]}
+
+
+class FakeApiServer:
+    """Serves GET deployments/{name} and pods?labelSelector= for one namespace."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, list[str]], str | None]] = []
+        self.deployment = deployment(3, 2)
+        self.forbidden = False
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parts = urlsplit(self.path)
+                fake.requests.append((parts.path, parse_qs(parts.query),
+                                      self.headers.get("Authorization")))
+                if fake.forbidden:
+                    return self._send(403, {"kind": "Status", "apiVersion": "v1",
+                                            "status": "Failure", "reason": "Forbidden",
+                                            "code": 403})
+                if parts.path == "/apis/apps/v1/namespaces/jobs/deployments/pg-worker":
+                    return self._send(200, fake.deployment)
+                if parts.path == "/api/v1/namespaces/jobs/pods":
+                    return self._send(200, PODS)
+                self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                 "reason": "NotFound", "code": 404})
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+async def test_fleet_snapshot_reads_replicas_and_terminations(apiserver: FakeApiServer) -> None:
+    view = FleetView.for_host(apiserver.url, namespace="jobs", deployment="pg-worker",
+                              token="t0ken")
+    try:
+        fleet = await view.snapshot()
+    finally:
+        view.close()
+    assert fleet.in_cluster and fleet.message is None
+    assert (fleet.desired_replicas, fleet.ready_replicas, fleet.available_replicas,
+            fleet.pods) == (3, 2, 2, 3)
+    assert [(t.pod, t.reason, t.exit_code) for t in fleet.terminations] == [
+        ("pg-worker-a", "OOMKilled", 137), ("pg-worker-b", "Evicted", None)]
+    pods_request = [r for r in apiserver.requests if r[0].endswith("/pods")][0]
+    assert pods_request[1]["labelSelector"] == [
+        "app.kubernetes.io/component=worker,app.kubernetes.io/name=phasegate"]
+    assert all(r[2] == "Bearer t0ken" for r in apiserver.requests)
+
+
+async def test_fleet_errors_are_reported_not_raised(apiserver: FakeApiServer) -> None:
+    apiserver.forbidden = True
+    view = FleetView.for_host(apiserver.url, namespace="jobs", deployment="pg-worker")
+    missing = FleetView.for_host(apiserver.url, namespace="jobs", deployment="nope")
+    try:
+        fleet = await view.snapshot()
+        apiserver.forbidden = False
+        gone = await missing.snapshot()
+    finally:
+        view.close()
+        missing.close()
+    assert fleet.in_cluster and fleet.message == "cannot read the fleet: HTTP 403 Forbidden"
+    assert fleet.desired_replicas is None
+    assert gone.message == "cannot read the fleet: HTTP 404 Not Found"
+
+
+def test_outside_a_cluster_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    view = FleetView.from_environment()
+    assert view.api_client is None and "not running in a Kubernetes cluster" in (
+        view.reason or "")
+
+
+async def test_fleet_endpoint_serves_fleet_and_queue(apiserver: FakeApiServer, database_url: str,
+                                                     queue_pair: tuple[str, str],
+                                                     sqs_endpoint: str) -> None:
+    from tests.helpers import make_settings
+
+    settings = make_settings(database_url, queue_pair, sqs_endpoint)
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    view = FleetView.for_host(apiserver.url, namespace="jobs", deployment="pg-worker")
+    try:
+        async with queue_for(settings) as queue:
+            app = create_app(Services(control=Control(pool, queue, Registry()), queue=queue,
+                                      fleet=view))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://api") as client:
+                body = (await client.get("/v1/fleet")).json()
+    finally:
+        view.close()
+        await pool.close()
+    assert body["fleet"]["deployment"] == "pg-worker" and body["fleet"]["ready_replicas"] == 2
+    assert [t["reason"] for t in body["fleet"]["terminations"]] == ["OOMKilled", "Evicted"]
+    assert body["queue"] == {"visible": 0, "inflight": 0, "delayed": 0, "error": None}
