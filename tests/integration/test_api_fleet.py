@@ -128,7 +128,7 @@ async def test_fleet_snapshot_reads_replicas_and_terminations(apiserver: FakeApi
             fleet.pods) == (3, 2, 2, 3)
     assert [(t.pod, t.reason, t.exit_code) for t in fleet.terminations] == [
         ("pg-worker-a", "OOMKilled", 137), ("pg-worker-b", "Evicted", None)]
-    pods_request = [r for r in apiserver.requests if r[0].endswith("/pods")][0]
+    pods_request = next(r for r in apiserver.requests if r[0].endswith("/pods"))
     assert pods_request[1]["labelSelector"] == [
         "app.kubernetes.io/component=worker,app.kubernetes.io/name=phasegate"]
     assert all(r[2] == "Bearer t0ken" for r in apiserver.requests)
