@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import suppress
 from pathlib import Path
 
 from tests.helpers import ROOT, settings_env
@@ -99,10 +100,8 @@ class CgroupSandbox:
 
     def close(self) -> None:
         for pid in self.pids:  # only the processes we started
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         _remove(self.dirs)
 
     def __enter__(self) -> CgroupSandbox:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, BinaryIO
 
-from tests.workflows import record
+from tests.workflows import record, wait_gate
 from worker import Context, Workflow
 
 CHUNK = 1 << 20
@@ -30,13 +30,22 @@ def _evict(fd: int) -> None:
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def _open(path: str) -> BinaryIO:
+    # Blocking reads on purpose: the page-cache churn IS the workload.
+    return open(path, "rb", buffering=0)
+
+
+def _gate_open(gate: str) -> bool:
+    return os.path.exists(gate)
+
+
 async def _read_until_gate(ctx: Context, path: str, gate: str, chunks: int,
                            leak_mb_per_s: float = 0.0) -> int:
     heap: list[bytes] = []
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with open(path, "rb", buffering=0) as f:
-        while not os.path.exists(gate):
+    with _open(path) as f:
+        while not _gate_open(gate):
             _evict(f.fileno())
             f.seek(0)
             while f.read(CHUNK):
@@ -47,7 +56,7 @@ async def _read_until_gate(ctx: Context, path: str, gate: str, chunks: int,
                     while len(heap) < want:
                         heap.append(b"\x01" * CHUNK)  # touched pages, not a lazy mapping
                 await asyncio.sleep(0)  # a real phase awaits I/O; the flush runs in between
-                if chunks % 64 == 0 and os.path.exists(gate):
+                if chunks % 64 == 0 and _gate_open(gate):
                     break
     return chunks
 
@@ -107,4 +116,22 @@ async def leak_grow(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 
 @leak.phase("done")
 async def leak_done(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return state
+
+
+progressive = Workflow("progressive", schema_version=1)
+
+
+@progressive.phase("work")
+async def work(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    """Publishes progress, then waits at a gate (in-process flush tests)."""
+    await record(ctx)
+    for step in range(1, 4):
+        ctx.progress({"step": step})
+    await wait_gate(state["gate"])
+    return {**state, "resumed": ctx.resumed_progress}
+
+
+@progressive.phase("end")
+async def work_end(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     return state

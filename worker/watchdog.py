@@ -78,6 +78,8 @@ class WatchdogSettings(BaseSettings):
                                       frozen=True)
 
     enabled: bool = True
+    psi_trigger: bool = Field(default=True, description=(
+        "Register a PSI trigger (POLLPRI); false always polls memory.pressure instead."))
     psi_stall_us: int = Field(default=50_000, gt=0, description=(
         "Stall budget per window for the 'some' trigger (50 ms per 2 s = 2.5 %)."))
     psi_window_us: int = Field(default=2_000_000, ge=PSI_MIN_WINDOW_US, le=PSI_MAX_WINDOW_US)
@@ -148,6 +150,7 @@ class Watchdog(threading.Thread):
         self._pressured = False
         self._calm_since: float | None = None
         self._last_pressure_sent = 0.0
+        self.samples = 0
 
     # -- lifecycle (called from the loop thread) -----------------------------------------------
 
@@ -239,6 +242,7 @@ class Watchdog(threading.Thread):
         memory = cgroups.read_memory(self.paths)
         ratio = self._sample_memory(now, memory)
         self._maybe_release(now, stall_in_window, ratio)
+        self.samples += 1
 
     def _stall_in_window(self, now: float, total_us: int) -> int:
         window_s = self.settings.psi_window_us / 1e6
@@ -331,7 +335,7 @@ def start_watchdog(settings: WatchdogSettings, loop: asyncio.AbstractEventLoop,
                     **cgroups.describe(paths))
         return None
     watchdog = Watchdog(settings, paths, loop, callback)
-    trigger = watchdog.register_trigger()
+    trigger = settings.psi_trigger and watchdog.register_trigger()
     MODE.set(1 if trigger else 0)
     AVAILABLE.set(1)
     UNDER_PRESSURE.set(0)

@@ -60,6 +60,14 @@ def settings(database_url, queue_pair, sqs_endpoint):
     return make_settings(database_url, queue_pair, sqs_endpoint)
 
 
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:]
+
+
+def open_gate(gate: str) -> None:
+    Path(gate).touch()
+
+
 def log_events(path: Path, event: str) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text(errors="replace").splitlines():
@@ -77,7 +85,7 @@ async def wait_log(path: Path, event: str, process: subprocess.Popen[bytes],
     async def seen() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"worker exited ({process.returncode}) before {event}:\n"
-                                 + path.read_text(errors="replace")[-3000:])
+                                 + tail(path))
         return bool(log_events(path, event))
 
     await wait_for(seen, timeout=timeout, interval=0.1, what=f"log event {event}")
@@ -115,8 +123,7 @@ async def test_psi_trigger_flushes_progress_and_a_killed_phase_resumes_elsewhere
 
     async def emergency_saved() -> bool:
         if worker_a.poll() is not None:
-            raise AssertionError("worker A died before its flush:\n"
-                                 + log_a.read_text(errors="replace")[-3000:])
+            raise AssertionError("worker A died before its flush:\n" + tail(log_a))
         rows = await fetch(settings.database_url, "SELECT 1 FROM checkpoints WHERE "
                            "workflow_id = $1 AND kind = 'emergency'", wid)
         return bool(rows)
@@ -140,7 +147,7 @@ async def test_psi_trigger_flushes_progress_and_a_killed_phase_resumes_elsewhere
     assert saved_chunks > 0
 
     # Another worker (no cgroup, no pressure) picks the phase up from the saved progress.
-    Path(gate).touch()
+    open_gate(gate)
     log_b = tmp_path / "worker-b.log"
     worker_b = spawn_logged_worker(settings, modules=MODULES, log_path=log_b)
     try:
