@@ -307,3 +307,22 @@ def test_optional_objects_follow_their_switches(rendered):
     dashboard = yaml.safe_load(dashboards[0]["data"]["phasegate.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert EXPORTED_QUEUE_METRIC in exprs and "phasegate_oldest_unfinished_run_age_seconds" in exprs
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity.removesuffix(suffix)) * factor
+    return float(quantity) / 2**20
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "fargate"])
+def test_worker_memory_limit_leaves_room_for_an_emergency_flush(scenario, rendered):
+    # On Fargate the pod is sized once (limits = requests); elsewhere the worker may grow past
+    # its request while it persists in-phase progress under memory pressure.
+    (container,) = rendered[scenario].one("Deployment", "-worker")["spec"]["template"]["spec"][
+        "containers"]
+    resources = container["resources"]
+    request = _mebibytes(resources["requests"]["memory"])
+    assert _mebibytes(resources["limits"]["memory"]) >= 1.5 * request
