@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+
+from worker.staleness import Observations
+from worker.steps import Category, Steps
 
 
 @dataclass
@@ -16,6 +20,12 @@ class Context:
     ``progress(state)`` publishes the phase's latest partial state in memory (cheap, no I/O);
     the worker persists it as an ``emergency`` checkpoint when it must (memory pressure), and a
     restarted phase finds it again as ``resumed_progress``.
+
+    Inside the room (``worker/steps.py``, ``worker/staleness.py``): ``step()`` runs a
+    replay-safe step, ``deliver()``/``pending()``/``batch_done()`` keep the receipt ledger,
+    ``observe()`` records an external resource in the staleness envelope, and
+    ``tier_attempt`` counts the attempts of this phase from the same input (below-tier
+    retries, rejected reviews).
     """
 
     workflow_id: str
@@ -30,6 +40,9 @@ class Context:
     log: Any = field(default=None, repr=False)
     _progress: Any = field(default=None, repr=False)
     _progress_version: int = field(default=0, repr=False)
+    tier_attempt: int = 1
+    steps: Steps | None = field(default=None, repr=False)
+    observed: Observations = field(default_factory=Observations, repr=False)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -43,3 +56,38 @@ class Context:
     @property
     def latest_progress(self) -> tuple[int, Any]:
         return self._progress_version, self._progress
+
+    # -- inside the room ------------------------------------------------------------------
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any,
+                   category: Category = "read", cache: bool = False) -> Any:
+        """Run ``fn(*args)`` as step ``name``; returns its JSON output.
+
+        ``read`` steps run again on replay (unless ``cache=True``); ``write``/``execute``
+        steps get ``idempotency_key=`` and are recorded before and after they run, so a
+        replay returns the recorded output, or calls again with the same key."""
+        return await self._steps().step(name, fn, *args, category=category, cache=cache)
+
+    async def deliver(self, batch_id: str, artifact_id: str, fn: Callable[..., Any],
+                      *args: Any) -> Any:
+        """Deliver an artifact once per run: ``fn(*args, idempotency_key=...)`` unless a
+        receipt exists; returns the (recorded) receipt, which must be JSON."""
+        return await self._steps().deliver(batch_id, artifact_id, fn, *args)
+
+    async def pending(self, batch_ids: Iterable[str]) -> list[str]:
+        """The batches, in order, not yet marked processed with ``batch_done``."""
+        return await self._steps().pending(batch_ids)
+
+    async def batch_done(self, batch_id: str) -> None:
+        """Mark a batch processed: ``pending`` leaves it out from now on."""
+        await self._steps().batch_done(batch_id)
+
+    def observe(self, resource_id: str, resource_type: str, version_token: str | int) -> None:
+        """Record that this phase relied on ``resource_id`` at ``version_token``."""
+        self.observed.observe(resource_id, resource_type, version_token)
+
+    def _steps(self) -> Steps:
+        if self.steps is None:
+            raise RuntimeError("this Context has no step ledger (steps run inside a worker, "
+                               "or give Context(steps=Steps(MemoryLedger(), ...)) in tests)")
+        return self.steps

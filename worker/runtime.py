@@ -160,7 +160,8 @@ class Worker:
                     max_message_bytes=self.settings.max_message_bytes,
                     max_attempts=self.settings.max_attempts,
                     retry_backoff_s=self.settings.retry_backoff_s,
-                    retry_backoff_max_s=self.settings.retry_backoff_max_s),
+                    retry_backoff_max_s=self.settings.retry_backoff_max_s,
+                    stale_after_s=self.settings.stale_after_s),
                 faults=self.faults, mark_sent=mark_sent)
             side = {asyncio.create_task(coro, name=name) for name, coro in (
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1, le=1000)
     retry_backoff_s: float = Field(default=2.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0, le=SQS_MAX_VISIBILITY_TIMEOUT_SECONDS)
+    # -- inside the room: a run resuming from a checkpoint older than this (database time)
+    # re-fetches the versions of the resources it observed (worker/staleness.py).
+    stale_after_s: float = Field(default=3600.0, ge=0)
 
     # -- database
     db_pool_min: int = Field(default=1, ge=0)

@@ -24,10 +24,17 @@ from pydantic import ValidationError
 from worker import metrics
 from worker.batcher import MicroBatcher
 from worker.context import Context
+from worker.door import Door, Halt
+from worker.door import enter as enter_door
+from worker.door import settle as settle_door
 from worker.envelope import Envelope, canonical_json, phase_message, state_hash
 from worker.faults import Faults
 from worker.queue import Outgoing, Queue, QueueError, Received
+from worker.staleness import Observations
+from worker.steps import PostgresLedger, Steps, StepScope
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
+from worker.tiers import PhaseOutcome, commit_room, decide, grade
+from worker.versions import Corrupt, NeedsRestart, load_verified
 from worker.workflow import NonRetryableError, Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
@@ -76,6 +83,7 @@ class TransitionConfig:
     max_attempts: int
     retry_backoff_s: float
     retry_backoff_max_s: float
+    stale_after_s: float = 3600.0
 
 
 class PhaseTransition:
@@ -172,35 +180,49 @@ class PhaseTransition:
         state = await self.load_state(position, workflow)
         if isinstance(state, Settlement):
             return state
-        return await self.run(envelope, workflow, phase_name, position, state)
+        # Inside the room: a re-run, a review decision, a staleness check (worker/door.py).
+        door = await enter_door(self.store, workflow, position, envelope.branch,
+                                self.config.stale_after_s)
+        if isinstance(door, Halt):
+            return await self.halt_at_door(position, door)
+        if door.rerun:
+            phase_name, state = door.phase or phase_name, door.state
+        return await self.run(envelope, workflow, phase_name, position, state, door)
 
     async def load_state(self, position: RunPosition, workflow: Workflow) -> Any:
         """The state committed at the previous door, verified; or a Settlement that halts."""
         seq = position.next_seq
         if seq == position.base_seq:
             return json.loads(position.input_json or "null")
-        if position.state_json is None or position.state_hash is None:
+        if position.state_json is None or position.state_hash is None \
+                or position.state_version is None:
             return await self.halt(position, "failed", "checkpoint_missing: no phase checkpoint "
                                    f"at seq {seq - 1}")
-        if position.state_version != workflow.schema_version:
-            return await self.halt(position, "needs_restart", (
-                f"schema_version: checkpoint at seq {seq - 1} has version "
-                f"{position.state_version}, the loaded code has {workflow.schema_version}"))
-        state = json.loads(position.state_json)
-        if state_hash(canonical_json(state)) != position.state_hash:
-            return await self.halt(position, "failed", f"checkpoint_corrupt: state at seq "
-                                   f"{seq - 1} does not match its state_hash")
-        return state
+        # Re-hash (a mismatch fails the run: checkpoint_corrupt), then upcast an older
+        # schema version; without an upcaster chain the run needs a restart.
+        try:
+            return await load_verified(workflow, seq - 1, position.state_json,
+                                       position.state_hash, position.state_version)
+        except Corrupt as exc:
+            return await self.halt(position, "failed", str(exc))
+        except NeedsRestart as exc:
+            return await self.halt(position, "needs_restart", str(exc))
 
     async def halt(self, position: RunPosition, status: str, reason: str) -> Settlement:
         await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
         log.warning("run_halted", status=status, reason=reason)
         return Settlement(Action.DELETE, status)
 
+    async def halt_at_door(self, position: RunPosition, halt: Halt) -> Settlement:
+        await settle_door(self.store, position, halt)
+        log.warning("run_halted", status=halt.status, reason=halt.reason)
+        return Settlement(Action.DELETE, halt.status)
+
     # -- 3. run -------------------------------------------------------------------------------
 
     async def run(self, envelope: Envelope, workflow: Workflow, phase_name: str,
-                  position: RunPosition, state: Any) -> Settlement:
+                  position: RunPosition, state: Any, door: Door | None = None) -> Settlement:
+        door = door or Door()
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         ctx = Context(
@@ -208,12 +230,17 @@ class PhaseTransition:
             seq=envelope.seq, branch=envelope.branch, attempt=position.attempts + 1,
             worker_id=self.config.worker_id, schema_version=workflow.schema_version,
             resumed_progress=(json.loads(position.progress_json)
-                              if position.progress_json else None))
+                              if position.progress_json else None),
+            tier_attempt=door.tier_attempt, observed=Observations(workflow, door.resources),
+            steps=Steps(PostgresLedger(self.store.pool), StepScope(
+                envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
+                self.faults))
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
         try:
             new_state = await phase.fn(ctx, state)
+            graded = await grade(workflow.tiers, new_state)
         except NonRetryableError as exc:
             return await self.fail(envelope, phase_name, started, exc, retryable=False)
         except asyncio.CancelledError:
@@ -228,10 +255,12 @@ class PhaseTransition:
             canonical = canonical_json(new_state)
         except (TypeError, ValueError) as exc:  # the same state would fail on every retry
             return await self.fail(envelope, phase_name, started, exc, retryable=False)
+        outcome = decide(workflow, phase, envelope.seq, graded, ctx.tier_attempt, door.rerun_of)
         self.faults.hit("mid_phase")
         # The durable part runs to its end even if shutdown cancels this task.
         durable = asyncio.ensure_future(self.commit_and_emit(
-            envelope, workflow, phase_name, canonical, position, started))
+            envelope, workflow, phase_name, canonical, position, started, outcome,
+            ctx.observed.to_json()))
         self.durable.add(durable)
         durable.add_done_callback(self.durable.discard)
         return await asyncio.shield(durable)
@@ -259,20 +288,27 @@ class PhaseTransition:
     # -- 4. commit, 5. emit ---------------------------------------------------------------------
 
     async def commit_and_emit(self, envelope: Envelope, workflow: Workflow, phase_name: str,
-                              canonical: str, position: RunPosition,
-                              started: float) -> Settlement:
-        next_phase = workflow.next_phase(phase_name)
+                              canonical: str, position: RunPosition, started: float,
+                              outcome: PhaseOutcome | None = None,
+                              resources_json: str | None = None) -> Settlement:
+        phase = workflow.get_phase(phase_name)
+        assert phase is not None
+        # Where the run goes: the next phase, or (below its tier) this phase again / review.
+        outcome = outcome or decide(workflow, phase, envelope.seq, None, 1, None)
+        next_phase = outcome.next_phase
         successor = (phase_message(envelope.workflow_id, workflow.name, envelope.seq + 1,
-                                   next_phase, envelope.branch, envelope.traceparent)
-                     if next_phase else None)
+                                   outcome.next_phase, envelope.branch, envelope.traceparent)
+                     if outcome.next_phase and outcome.sends_successor else None)
         commit = PhaseCommit(
             workflow_id=envelope.workflow_id, branch=envelope.branch, seq=envelope.seq,
             phase=phase_name, schema_version=workflow.schema_version, state_json=canonical,
             state_hash=state_hash(canonical), next_phase=next_phase,
-            status="running" if next_phase else "completed", worker_id=self.config.worker_id,
-            successor=successor)
+            status=outcome.status, worker_id=self.config.worker_id, successor=successor,
+            tier=outcome.tier, tier_label=outcome.tier_label,
+            resource_versions_json=resources_json)
         commit_started = time.monotonic()
-        result = await self.store.commit_phase(commit)
+        result = await (self.store.commit_phase(commit) if outcome.plain
+                        else commit_room(self.store, commit, outcome))
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
             # Another delivery of this message committed first; our side effects were
@@ -285,9 +321,8 @@ class PhaseTransition:
             await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id,
                                       successor.to_json()), commit_started)
         self.faults.hit("after_send")
-        outcome = "advanced" if next_phase else "completed"
-        self._log_phase(envelope, phase_name, started, outcome)
-        return Settlement(Action.DELETE, outcome)
+        self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
+        return Settlement(Action.DELETE, outcome.label)
 
     async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
         """Send an outbox row and mark it sent. On failure the relay sends it later."""

@@ -14,12 +14,16 @@ from __future__ import annotations
 import importlib
 import re
 import types
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from worker.tiers import Grader, Tier, TierDefinitionError, TierPolicy, build_policy, build_tiers
+
 if TYPE_CHECKING:
     from worker.context import Context
+    from worker.staleness import VersionFetcher
+    from worker.versions import Upcaster
 
 PhaseFn = Callable[["Context", Any], Awaitable[Any]]
 
@@ -39,12 +43,14 @@ class Phase:
     name: str
     fn: PhaseFn
     index: int
+    policy: TierPolicy | None = None  # what happens when the phase ends below a tier
 
 
 class Workflow:
     """A named, versioned sequence of phases."""
 
-    def __init__(self, name: str, *, schema_version: int = 1) -> None:
+    def __init__(self, name: str, *, schema_version: int = 1,
+                 tiers: Sequence[tuple[str, Grader]] = ()) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
@@ -53,22 +59,80 @@ class Workflow:
         self.name = name
         self.schema_version = schema_version
         self._phases: dict[str, Phase] = {}
+        try:
+            self.tiers: list[Tier] = build_tiers(tiers)
+        except TierDefinitionError as exc:
+            raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from None
+        self.upcasters: dict[int, Upcaster] = {}
+        self.version_fetchers: dict[str, VersionFetcher] = {}
 
-    def phase(self, name: str) -> Callable[[PhaseFn], PhaseFn]:
-        """Register ``async def fn(ctx, state) -> state`` as the next phase."""
+    def phase(self, name: str, *, expect_tier: str | int | None = None,
+              below_tier: str = "advance",
+              max_tier_retries: int = 2) -> Callable[[PhaseFn], PhaseFn]:
+        """Register ``async def fn(ctx, state) -> state`` as the next phase.
+
+        ``expect_tier`` (a tier label or number) with ``below_tier`` = ``"retry"`` (up to
+        ``max_tier_retries`` more attempts, then escalate), ``"escalate"`` (awaiting_review) or
+        ``"advance"`` says what happens when the phase ends below that tier."""
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"phase name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
         if name in self._phases:
             raise WorkflowDefinitionError(f"phase {name!r} declared twice in {self.name!r}")
 
+        try:
+            policy = build_policy(self.tiers, name, expect_tier, below_tier, max_tier_retries)
+        except TierDefinitionError as exc:
+            raise WorkflowDefinitionError(str(exc)) from None
+
         def register(fn: PhaseFn) -> PhaseFn:
             if not callable(fn) or not _is_coroutine_function(fn):
                 raise WorkflowDefinitionError(f"phase {name!r} must be an async function")
-            self._phases[name] = Phase(name=name, fn=fn, index=len(self._phases))
+            self._phases[name] = Phase(name=name, fn=fn, index=len(self._phases),
+                                       policy=policy)
             return fn
 
         return register
+
+    def upcast(self, *, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Register ``fn(state) -> state`` turning version ``from_version`` state into
+        ``from_version + 1`` (sync or async); upcasters chain up to ``schema_version``."""
+        if not 1 <= from_version < self.schema_version:
+            raise WorkflowDefinitionError(
+                f"upcast(from_version={from_version}) in {self.name!r}: from_version must be "
+                f"1..{self.schema_version - 1} (schema_version is {self.schema_version})")
+        if from_version in self.upcasters:
+            raise WorkflowDefinitionError(
+                f"two upcasters from version {from_version} in {self.name!r}")
+
+        def register(fn: Upcaster) -> Upcaster:
+            if not callable(fn):
+                raise WorkflowDefinitionError("an upcaster must be callable")
+            self.upcasters[from_version] = fn
+            return fn
+
+        return register
+
+    def version_fetcher(self, resource_type: str = "*"
+                        ) -> Callable[[VersionFetcher], VersionFetcher]:
+        """Register ``fn(resource_id) -> version token`` (sync or async) for the resources
+        phases ``observe`` of ``resource_type`` (``"*"``: every type without its own)."""
+        if resource_type in self.version_fetchers:
+            raise WorkflowDefinitionError(
+                f"two version fetchers for {resource_type!r} in {self.name!r}")
+
+        def register(fn: VersionFetcher) -> VersionFetcher:
+            if not callable(fn):
+                raise WorkflowDefinitionError("a version fetcher must be callable")
+            self.version_fetchers[resource_type] = fn
+            return fn
+
+        return register
+
+    @property
+    def uses_room(self) -> bool:
+        """Tiers or staleness: its phases need the door's details (one more query)."""
+        return bool(self.tiers or self.version_fetchers)
 
     @property
     def phases(self) -> list[Phase]:

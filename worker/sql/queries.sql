@@ -133,3 +133,140 @@ SELECT workflow_id, $2, $3, $4, 'emergency', $5, $6::jsonb, $7, $8
   FROM workflow_runs
  WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
 RETURNING checkpoint_id;
+
+-- =========================================================================================
+-- Inside the room: steps, delivery receipts, tiers, reviews, re-runs, versions.
+-- (worker/steps.py, worker/door.py, worker/tiers.py, worker/versions.py; schema 0002_steps)
+-- =========================================================================================
+
+-- name: step_claim
+-- Before a write/execute step runs: record it as pre_execution, or find the record an earlier
+-- attempt left (completed: replay its output; pre_execution: call again with the same key).
+-- One round trip; the record is committed before the step's function is called.
+WITH ins AS (
+    INSERT INTO step_records (workflow_id, branch, seq, step_seq, step_name, category,
+                              idempotency_key, input_hash, status, worker_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pre_execution', $9)
+    ON CONFLICT (workflow_id, branch, seq, step_seq) DO NOTHING
+    RETURNING step_name, category, idempotency_key, input_hash, status, NULL::text AS output
+)
+SELECT * FROM ins
+UNION ALL
+SELECT step_name, category, idempotency_key, input_hash, status, output::text
+  FROM step_records
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4
+   AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: step_find
+SELECT step_name, category, idempotency_key, input_hash, status, output::text AS output
+  FROM step_records
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4;
+
+-- name: step_complete
+-- After the step's function returned: its output, once (the first completion wins).
+UPDATE step_records SET status = 'completed', output = $5::jsonb, completed_at = now()
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4
+   AND status = 'pre_execution'
+RETURNING step_seq;
+
+-- name: step_record_completed
+-- A cached read step: its output, recorded after it ran (a concurrent duplicate keeps the first).
+INSERT INTO step_records (workflow_id, branch, seq, step_seq, step_name, category,
+                          idempotency_key, input_hash, status, output, worker_id, completed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'completed', $9::jsonb, $10, now())
+ON CONFLICT (workflow_id, branch, seq, step_seq) DO NOTHING;
+
+-- name: delivery_find
+SELECT receipt::text AS receipt
+  FROM deliveries WHERE workflow_id = $1 AND batch_id = $2 AND artifact_id = $3;
+
+-- name: delivery_record
+INSERT INTO deliveries (workflow_id, batch_id, artifact_id, idempotency_key, seq, receipt,
+                        worker_id)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)
+ON CONFLICT (workflow_id, batch_id, artifact_id) DO NOTHING;
+
+-- name: delivery_done_batches
+SELECT batch_id FROM deliveries
+ WHERE workflow_id = $1 AND artifact_id = '' AND batch_id = ANY($2::text[]);
+
+-- name: room_entry
+-- What a phase of a workflow with tiers or a version fetcher needs beyond load_for_phase, in
+-- one round trip: the door it enters by (the checkpoint at seq - 1: how it ended, what it
+-- re-ran, its staleness envelope and age in database time), the operator's review decision
+-- for this seq (control_actions, written by approve/reject under the run's current epoch),
+-- the last review raised, and how many attempts the door's phase has had so far.
+SELECT r.base_seq, r.epoch, r.review::text AS review,
+       c.phase AS door_phase, c.outcome AS door_outcome, c.rerun_of AS door_rerun_of,
+       c.resource_versions::text AS resource_versions,
+       extract(epoch FROM now() - c.created_at)::float8 AS age_s,
+       (SELECT a.action FROM control_actions a
+         WHERE a.workflow_id = r.workflow_id AND a.seq = $3 AND a.epoch = r.epoch
+           AND a.action IN ('approve', 'reject')
+         ORDER BY a.action_id DESC LIMIT 1) AS decision,
+       (SELECT count(*) FROM checkpoints k
+         WHERE k.workflow_id = r.workflow_id AND k.branch = $2 AND k.kind = 'phase'
+           AND k.seq < $3
+           AND (k.seq = coalesce(c.rerun_of, c.seq) OR k.rerun_of = coalesce(c.rerun_of, c.seq))
+       )::int AS door_attempts
+  FROM workflow_runs r
+  LEFT JOIN checkpoints c
+         ON c.workflow_id = r.workflow_id AND c.branch = $2 AND c.seq = $3 - 1
+        AND c.kind = 'phase'
+ WHERE r.workflow_id = $1;
+
+-- name: room_checkpoint
+-- The state a re-run starts from: the phase checkpoint before its first attempt.
+SELECT state::text AS state, state_hash, schema_version,
+       resource_versions::text AS resource_versions
+  FROM checkpoints
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND kind = 'phase';
+
+-- name: room_commit
+-- commit_phase for a phase that did not simply advance (a below-tier retry or escalation) or
+-- that was a re-run: the same one statement and the same condition, plus the checkpoint's
+-- outcome and rerun_of, and the run's error/review. Keep in step with commit_phase.
+WITH run AS (
+    UPDATE workflow_runs
+       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
+           tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
+           updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
+     WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+    RETURNING workflow_id
+), cp AS (
+    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14,
+           $18, $19
+      FROM run
+    RETURNING created_at
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
+    RETURNING outbox_id
+)
+SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: room_settle_run
+-- Stop a run at its door without running a phase: awaiting_review (stale resources, with the
+-- review record), completed (an approved review of the last phase), failed/needs_restart (a
+-- re-run's input that is corrupt or cannot be upcast).
+UPDATE workflow_runs
+   SET status = $3, error = $4, review = coalesce($5::jsonb, review), updated_at = now(),
+       finished_at = CASE WHEN $3 IN ('completed', 'failed', 'cancelled') THEN now() END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING workflow_id;
+
+-- name: versions_in_flight
+-- `phasegate versions`: unfinished runs by workflow and by the schema version of the state
+-- they will resume from (at_input: they start from their input, which has no version).
+SELECT r.workflow, (r.next_seq = r.base_seq) AS at_input, c.schema_version AS version,
+       count(*)::int AS runs
+  FROM workflow_runs r
+  LEFT JOIN checkpoints c
+         ON c.workflow_id = r.workflow_id AND c.branch = 'main' AND c.seq = r.next_seq - 1
+        AND c.kind = 'phase'
+ WHERE r.status IN ('pending', 'running', 'awaiting_review')
+ GROUP BY 1, 2, 3
+ ORDER BY 1, 2, 3;
