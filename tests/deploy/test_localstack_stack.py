@@ -43,7 +43,7 @@ def test_ready_hook_creates_fifo_queue_and_dlq_with_redrive(sqs_server, capsys):
     assert queue["VisibilityTimeout"] == "45"  # matches the worker's setting
     redrive = json.loads(queue["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == dlq["QueueArn"]
-    assert int(redrive["maxReceiveCount"]) == 5
+    assert int(redrive["maxReceiveCount"]) == 50
 
 
 def test_compose_stack_runs_every_part_from_one_image():

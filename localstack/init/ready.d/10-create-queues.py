@@ -34,7 +34,7 @@ sqs = boto3.client(
 queue_name = os.environ.get("PHASEGATE_QUEUE_NAME", "phasegate.fifo")
 dlq_name = os.environ.get("PHASEGATE_DLQ_NAME", "phasegate-dlq.fifo")
 visibility = os.environ.get("PHASEGATE_VISIBILITY_TIMEOUT_S", "30")
-max_receive = os.environ.get("PHASEGATE_MAX_RECEIVE_COUNT", "5")
+max_receive = os.environ.get("PHASEGATE_MAX_RECEIVE_COUNT", "50")
 
 fifo = {"FifoQueue": "true", "ContentBasedDeduplication": "false"}
 dlq_url = sqs.create_queue(
