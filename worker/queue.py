@@ -184,7 +184,7 @@ class SqsQueue:
 
 
 async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s: int = 30,
-                                 max_receive_count: int = 10) -> tuple[str, str]:
+                                 max_receive_count: int = 50) -> tuple[str, str]:
     """Create ``name.fifo`` and its DLQ ``name-dlq.fifo`` with a redrive policy.
 
     Used by the demo and the tests; production queues are created by the README's CLI snippet
