@@ -48,7 +48,8 @@ def status(summary: dict[str, Any], fleet: dict[str, Any], *, color: bool = Fals
              r["runs"], age(r["oldest_age_s"])] for r in summary.get("runs", [])]
     runs = (table(["status", "workflow", "phase", "tier", "runs", "idle"], rows, color=color)
             if rows else "no workflow runs")
-    return "\n".join([queue_line, fleet_line(fleet.get("fleet") or {}), "", runs])
+    note = "(completed and cancelled: last 24 h; others: all)"
+    return "\n".join([queue_line, fleet_line(fleet.get("fleet") or {}), "", runs, note])
 
 
 def fleet_line(fleet: dict[str, Any]) -> str:

@@ -22,6 +22,8 @@ STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "can
             "needs_restart")
 MAX_PAGE = 500
 MAX_CHECKPOINTS = 5000
+# The status table counts completed and cancelled runs of the last day only.
+SUMMARY_WINDOW_S = 86400.0
 
 
 class ControlError(Exception):
@@ -210,8 +212,9 @@ class Views:
         rows = await self.pool.fetch(self._q["stalls"], float(older_than_s), limit)
         return StallReport(older_than_s=older_than_s, stalls=[Stall(**dict(r)) for r in rows])
 
-    async def summary(self) -> list[SummaryRow]:
-        return [SummaryRow(**dict(r)) for r in await self.pool.fetch(self._q["summary"])]
+    async def summary(self, finished_within_s: float = SUMMARY_WINDOW_S) -> list[SummaryRow]:
+        rows = await self.pool.fetch(self._q["summary"], float(finished_within_s))
+        return [SummaryRow(**dict(r)) for r in rows]
 
     async def oldest_unfinished_age_s(self) -> float:
         return float(await self.pool.fetchval(self._q["oldest_unfinished_age"]))

@@ -49,8 +49,8 @@ SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS r
  LIMIT $2;
 
 -- name: summary
--- The status table: unfinished and stopped runs by phase and tier; completed and cancelled
--- runs only counted per workflow.
+-- The status table: unfinished and stopped runs by phase and tier; runs completed or
+-- cancelled in the last $1 seconds only counted per workflow.
 SELECT status, workflow, current_phase AS phase, tier, tier_label, count(*) AS runs,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
   FROM workflow_runs
@@ -60,6 +60,7 @@ UNION ALL
 SELECT status, workflow, NULL, NULL, NULL, count(*), NULL
   FROM workflow_runs
  WHERE status IN ('completed', 'cancelled')
+   AND finished_at > now() - make_interval(secs => $1)
  GROUP BY status, workflow
  ORDER BY 1, 2, 3, 4;
 

@@ -72,7 +72,7 @@ def test_status_shows_runs_queue_and_fleet(cli: Any, settings: Settings) -> None
     assert "no workflow runs" in empty.stdout
     add_run(settings, "a", "running")
     add_run(settings, "b", "running")
-    add_run(settings, "c", "completed", phase=None, next_seq=3, finished_days=1)
+    add_run(settings, "c", "completed", phase=None, next_seq=3, finished_days=0.5)
     sql(settings, "UPDATE workflow_runs SET tier = 1, tier_label = 'draft' WHERE workflow_id = 'a'")
     result = cli("status", "--watch", "--interval", "0", "--count", "2")
     assert result.exit_code == 0, result.output
