@@ -1,0 +1,155 @@
+"""The OS processes of a chaos run: worker processes (each armed with one kill point), the
+outbox relay, and the moto SQS server. Workers are restarted when they die."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAULT_LINE = re.compile(r"phasegate: fault injection: SIGKILL at (\w+)")
+
+
+@dataclass
+class WorkerProcess:
+    slot: int
+    incarnation: int
+    faults: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    expected_exit: str | None = None  # "sigkill" / "sigterm" when the runner ends it
+
+
+@dataclass
+class Fleet:
+    env: dict[str, str]
+    log_dir: Path
+    kill_points: list[str]
+    seed: int
+    armed: bool = True
+    workers: dict[int, WorkerProcess] = field(default_factory=dict)
+    finished: list[tuple[WorkerProcess, int]] = field(default_factory=list)
+    relay: subprocess.Popen[bytes] | None = None
+    _next_point: int = 0
+    _incarnations: Counter[int] = field(default_factory=Counter)
+
+    def _spawn(self, args: list[str], name: str, extra: dict[str, str]
+               ) -> tuple[subprocess.Popen[bytes], Path]:
+        path = self.log_dir / f"{name}.log"
+        log = open(path, "wb")  # noqa: SIM115 - the child owns it; closed when we exit
+        env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT), **extra}
+        process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+                                   cwd=ROOT, stdout=log, stderr=log)
+        log.close()
+        return process, path
+
+    def start_relay(self) -> None:
+        self.relay, _ = self._spawn(["relay"], "relay", {})
+
+    def start_worker(self, slot: int) -> WorkerProcess:
+        self._incarnations[slot] += 1
+        incarnation = self._incarnations[slot]
+        faults = ""
+        if self.armed and self._next_point < len(self.kill_points):
+            faults = self.kill_points[self._next_point]
+            self._next_point += 1
+        process, path = self._spawn(["worker"], f"worker-{slot}-{incarnation}", {
+            "PHASEGATE_WORKER_ID": f"w{slot}.{incarnation}", "PHASEGATE_FAULTS": faults,
+            "PHASEGATE_FAULT_SEED": str(self.seed * 1000 + slot * 100 + incarnation)})
+        worker = WorkerProcess(slot, incarnation, faults, process, path)
+        self.workers[slot] = worker
+        return worker
+
+    def reap(self) -> list[WorkerProcess]:
+        """Workers that exited on their own (a fault point fired); restarts them."""
+        dead = []
+        for slot, worker in list(self.workers.items()):
+            code = worker.process.poll()
+            if code is not None and worker.expected_exit is None:
+                self.finished.append((worker, code))
+                dead.append(worker)
+                self.start_worker(slot)
+        return dead
+
+    def signal_worker(self, slot: int, sig: signal.Signals) -> WorkerProcess:
+        worker = self.workers[slot]
+        worker.expected_exit = "sigkill" if sig == signal.SIGKILL else "sigterm"
+        worker.process.send_signal(sig)
+        return worker
+
+    def alive(self) -> int:
+        return sum(1 for w in self.workers.values() if w.process.poll() is None)
+
+    def stop_all(self, timeout: float = 30) -> dict[str, int]:
+        """SIGTERM everything; returns exit codes by name (0 = clean stop)."""
+        processes = {f"worker-{w.slot}-{w.incarnation}": w.process
+                     for w in self.workers.values()}
+        if self.relay is not None:
+            processes["relay"] = self.relay
+        for worker in self.workers.values():
+            worker.expected_exit = "sigterm"
+        for process in processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        codes = {}
+        deadline = time.monotonic() + timeout
+        for name, process in processes.items():
+            try:
+                codes[name] = process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[name] = process.wait()
+        for worker in self.workers.values():
+            self.finished.append((worker, worker.process.returncode))
+        return codes
+
+    def kill_everything(self) -> None:
+        for worker in self.workers.values():
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+        if self.relay is not None and self.relay.poll() is None:
+            self.relay.kill()
+            self.relay.wait()
+
+
+@dataclass
+class LogStats:
+    fault_points: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+
+
+def read_logs(log_dir: Path) -> LogStats:
+    """Count what the workers logged: fault points that fired, phase outcomes, events."""
+    stats = LogStats()
+    counted = {"duplicate", "quarantined", "database_unavailable", "emit_failed_relay_will_send",
+               "settle_failed", "heartbeat_failed", "heartbeat_partial", "receive_failed",
+               "transition_crashed", "side_task_died", "phase_error", "relayed",
+               "relay_round_failed", "run_halted"}
+    for path in sorted(log_dir.glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            match = FAULT_LINE.search(line)
+            if match:
+                stats.fault_points[match.group(1)] += 1
+                continue
+            if not line.startswith("{"):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            event = record.get("event")
+            if event == "phase":
+                stats.outcomes[record.get("outcome", "?")] += 1
+            elif event in counted:
+                stats.events[event] += 1
+    return stats

@@ -1,0 +1,474 @@
+"""One chaos run: real servers, a worker fleet, a seeded fault schedule, invariants at the end.
+
+Layout (all on 127.0.0.1):
+
+    workers (N processes) ─┬─ SQS fault proxy ──▶ moto server (its own process)
+    relay (1 process)  ────┤
+                           └─ commit-cut proxy ─▶ throwaway PostgreSQL (restarted -m immediate)
+    workers ──▶ downstream test service (records every effect attempt by idempotency key)
+
+The runner starts the workflows at a steady pace over the fault window, fires the schedule,
+restarts workers that die, waits for the system to drain, stops everything with SIGTERM and
+checks I1-I7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aioboto3
+import asyncpg
+
+from bench.chaos.downstream import Downstream
+from bench.chaos.fleet import Fleet, read_logs
+from bench.chaos.invariants import Result, SentPoison, check_all
+from bench.chaos.pg_proxy import PgCommitCutProxy
+from bench.chaos.poison import make_poison
+from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, Event, build_schedule
+from bench.chaos.sqs_proxy import SqsFaultProxy
+from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
+from orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
+from orchestrator.starter import start_workflow
+from worker.envelope import dedup_id, phase_message, start_message
+from worker.migrate import migrate
+from worker.queue import SqsQueue, create_fifo_queue_pair
+from worker.store import Store, create_pool
+
+VISIBILITY_S = 4
+MAX_MESSAGE_BYTES = 16_384
+MAX_RECEIVE_COUNT = 10  # the README's redrive policy: a message received 10 times goes to DLQ
+
+
+@dataclass
+class ChaosConfig:
+    seed: int
+    workflows: int
+    workers: int = 4
+    long: bool = False
+    concurrency: int = 8
+    drain_bound_s: float = 120.0
+    log_dir: Path | None = None
+
+
+@dataclass
+class Report:
+    config: ChaosConfig
+    results: list[Result]
+    fired: dict[str, int]
+    stats: dict[str, Any]
+    schedule_text: str
+    log_dir: Path
+    duration_s: float
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def text(self) -> str:
+        lines = [f"chaos seed={self.config.seed} workflows={self.config.workflows} "
+                 f"workers={self.config.workers} long={self.config.long}: "
+                 f"{'PASS' if self.ok else 'FAIL'} in {self.duration_s:.1f}s"]
+        lines += [f"  [{'ok' if r.ok else 'FAIL'}] {r.name}: {r.detail}" for r in self.results]
+        lines += [f"  {k}: {v}" for k, v in self.stats.items()]
+        lines.append(f"  logs: {self.log_dir}")
+        if not self.ok:
+            lines += ["", f"reproduce: python -m bench.chaos --seed {self.config.seed} "
+                      f"--workflows {self.config.workflows} --workers {self.config.workers}"
+                      + (" --long" if self.config.long else ""), "fault schedule:",
+                      self.schedule_text]
+        return "\n".join(lines)
+
+
+class MotoProcess:
+    """moto's SQS server in its own process, so its work does not share the runner's GIL."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        log = open(log_dir / "moto.log", "wb")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=log, stderr=log, env={**os.environ, **local_aws_env()})
+        log.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def ready(self, within_s: float = 30) -> None:
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("moto server did not start") from None
+                await asyncio.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class ChaosRun:
+    def __init__(self, config: ChaosConfig) -> None:
+        self.config = config
+        self.schedule = build_schedule(config.seed, workflows=config.workflows,
+                                       workers=config.workers, long=config.long)
+        self.rng = random.Random(config.seed ^ 0x5EED)
+        self.fired: Counter[str] = Counter()
+        self.started: list[str] = []
+        self.poisons: list[SentPoison] = []
+        self.last_fault = 0.0
+        self.t0 = 0.0
+        self.sigterm_codes: list[int] = []
+
+    def say(self, text: str) -> None:
+        print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
+
+    async def run(self) -> Report:
+        config = self.config
+        log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "schedule.json").write_text(self.schedule.to_json())
+        began = time.monotonic()
+        self.t0 = began
+        os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
+        pg = EmbeddedPostgres()
+        await asyncio.to_thread(pg.start)
+        moto = MotoProcess(log_dir)
+        seed = config.seed
+        sqs_proxy = SqsFaultProxy("", seed=seed + 1)
+        pg_proxy = PgCommitCutProxy(pg.port, seed=seed + 2,
+                                    probability=self.schedule.pg_commit_cut_probability)
+        downstream = Downstream(seed=seed + 3, response_lost_probability=0.01)
+        fleet: Fleet | None = None
+        try:
+            await moto.ready()
+            sqs_proxy.upstream = moto.url
+            await sqs_proxy.start()
+            await pg_proxy.start()
+            await downstream.start()
+            await migrate(pg.dsn)
+            session = aioboto3.Session()
+            async with session.client("sqs", endpoint_url=moto.url,
+                                      region_name="us-east-1") as client:
+                queue_url, dlq_url = await create_fifo_queue_pair(
+                    client, f"chaos{uuid.uuid4().hex[:8]}", visibility_timeout_s=VISIBILITY_S,
+                    max_receive_count=MAX_RECEIVE_COUNT)
+                fleet = Fleet(env=self._worker_env(pg_proxy, sqs_proxy, downstream, queue_url,
+                                                   dlq_url),
+                              log_dir=log_dir, kill_points=self.schedule.kill_points,
+                              seed=seed)
+                self.say(self.schedule.describe().splitlines()[0])
+                fleet.start_relay()
+                for slot in range(config.workers):
+                    fleet.start_worker(slot)
+                pool = await create_pool(pg.dsn, max_size=4)
+                try:
+                    drain_s = await self._drive(fleet, pg, pg_proxy, sqs_proxy, downstream,
+                                                client, queue_url, pool)
+                finally:
+                    await pool.close()
+                    exit_codes = await asyncio.to_thread(fleet.stop_all)
+            fired = self._collect_fired(fleet, pg_proxy, sqs_proxy, downstream, log_dir)
+            results = await check_all(
+                pg.dsn, started=self.started, ledger=downstream.ledger, poisons=self.poisons,
+                faults_expected=self._expected_faults(), faults_fired=fired,
+                drain_s=drain_s, drain_bound_s=config.drain_bound_s)
+            results.append(self._clean_stops(exit_codes))
+            stats = self._stats(log_dir, downstream, began)
+        finally:
+            if fleet is not None:
+                fleet.kill_everything()
+            await sqs_proxy.close()
+            await pg_proxy.close()
+            await downstream.close()
+            moto.stop()
+            await asyncio.to_thread(pg.stop)
+        report = Report(config=config, results=results, fired=dict(fired), stats=stats,
+                        schedule_text=self.schedule.describe(), log_dir=log_dir,
+                        duration_s=time.monotonic() - began, exit_codes=exit_codes)
+        (log_dir / "report.txt").write_text(report.text())
+        return report
+
+    def _worker_env(self, pg_proxy: PgCommitCutProxy, sqs_proxy: SqsFaultProxy,
+                    downstream: Downstream, queue_url: str, dlq_url: str) -> dict[str, str]:
+        return {**local_aws_env(), "PHASEGATE_DATABASE_URL": pg_proxy.dsn(),
+                "PHASEGATE_QUEUE_URL": queue_url, "PHASEGATE_DLQ_URL": dlq_url,
+                "PHASEGATE_SQS_ENDPOINT_URL": sqs_proxy.endpoint_url,
+                "PHASEGATE_AWS_REGION": "us-east-1",
+                "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload",
+                "PHASEGATE_CONCURRENCY": str(self.config.concurrency),
+                "PHASEGATE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
+                "PHASEGATE_HEARTBEAT_S": "1", "PHASEGATE_WAIT_TIME_S": "1",
+                "PHASEGATE_SHUTDOWN_GRACE_S": "5", "PHASEGATE_RETRY_BACKOFF_S": "0.5",
+                "PHASEGATE_RETRY_BACKOFF_MAX_S": "4", "PHASEGATE_MAX_ATTEMPTS": "50",
+                "PHASEGATE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
+                "PHASEGATE_RELAY_AFTER_S": "2", "PHASEGATE_RELAY_INTERVAL_S": "0.5",
+                "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
+                "PHASEGATE_STARTUP_TIMEOUT_S": "60", "PHASEGATE_LOG_FORMAT": "json",
+                "PHASEGATE_DB_POOL_MAX": "4", DOWNSTREAM_ENV: downstream.url}
+
+    # -- driving the run ------------------------------------------------------------------------
+
+    async def _drive(self, fleet: Fleet, pg: EmbeddedPostgres, pg_proxy: PgCommitCutProxy,
+                     sqs_proxy: SqsFaultProxy, downstream: Downstream, client: Any,
+                     queue_url: str, pool: asyncpg.Pool) -> float | None:
+        window = self.schedule.fault_window_s
+        start = time.monotonic()
+        self.t0 = start
+        producer = asyncio.create_task(self._produce(pool, queue_url, window * 0.8))
+        events = list(self.schedule.events)
+        background: set[asyncio.Task[None]] = set()
+        last_progress = 0.0
+        while time.monotonic() - start < window or events:
+            now = time.monotonic() - start
+            while events and events[0].at_s <= now:
+                event = events.pop(0)
+                task = asyncio.create_task(self._fire(event, fleet, pg, pg_proxy, sqs_proxy,
+                                                      client, queue_url, pool))
+                background.add(task)
+                task.add_done_callback(background.discard)
+            for worker in fleet.reap():
+                self.last_fault = time.monotonic()
+                self.say(f"worker {worker.slot}.{worker.incarnation} died "
+                         f"({worker.faults or 'no armed point'}); restarted")
+            if now - last_progress > 5:
+                last_progress = now
+                await self._progress(pool, fleet)
+            await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
+        await producer
+        await asyncio.gather(*background)
+        # The fault window is over: no new armed workers, no more proxy faults.
+        fleet.armed = False
+        pg_proxy.enabled = False
+        downstream.response_lost_probability = 0.0
+        self.last_fault = max(self.last_fault, time.monotonic())
+        self.say("fault window over; waiting for the system to drain")
+        return await self._wait_drained(fleet, pool, client, queue_url)
+
+    async def _produce(self, pool: asyncpg.Pool, queue_url: str, over_s: float) -> None:
+        store = Store(pool)
+        total = self.config.workflows
+        session_queue = SqsQueue(queue_url, endpoint_url=self._moto_url(queue_url),
+                                 region="us-east-1")
+        async with session_queue as queue:
+            for i in range(total):
+                due = self.t0 + over_s * i / total
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # the production pace of the schedule
+                wid = f"cx{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
+                while True:
+                    try:
+                        await start_workflow(store, queue, workflow=chaos,
+                                             input={"i": i}, workflow_id=wid)
+                        break
+                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                        await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly
+                self.started.append(wid)
+
+    @staticmethod
+    def _moto_url(queue_url: str) -> str:
+        parts = queue_url.split("/")
+        return "/".join(parts[:3])
+
+    # -- the faults -----------------------------------------------------------------------------
+
+    async def _fire(self, event: Event, fleet: Fleet, pg: EmbeddedPostgres,
+                    pg_proxy: PgCommitCutProxy, sqs_proxy: SqsFaultProxy, client: Any,
+                    queue_url: str, pool: asyncpg.Pool) -> None:
+        kind, detail = event.kind, event.detail
+        self.last_fault = time.monotonic()
+        if kind == "sigkill_worker":
+            slot = self.rng.randrange(self.config.workers)
+            worker = fleet.signal_worker(slot, signal.SIGKILL)
+            await asyncio.to_thread(worker.process.wait)
+            fleet.finished.append((worker, worker.process.returncode))
+            fleet.start_worker(slot)
+            self.fired["sigkill_worker"] += 1
+            self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
+        elif kind == "sigterm_worker":
+            slot = self.rng.randrange(self.config.workers)
+            worker = fleet.signal_worker(slot, signal.SIGTERM)
+            fleet.start_worker(slot)  # the replacement starts while the old one drains
+            try:
+                code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
+            except TimeoutError:
+                worker.process.kill()
+                code = await asyncio.to_thread(worker.process.wait)
+            fleet.finished.append((worker, code))
+            self.sigterm_codes.append(code)
+            if code == 0:
+                self.fired["sigterm_drain"] += 1
+            self.say(f"SIGTERM worker {slot}.{worker.incarnation}: drained, exit {code}")
+        elif kind == "pg_restart":
+            self.say("pg_ctl restart -m immediate")
+            await asyncio.to_thread(pg.restart, "immediate")
+            self.fired["pg_restart"] += 1
+        elif kind == "pg_cut_next_commit":
+            pg_proxy.force_next()
+        elif kind == "sqs_window":
+            fault = str(detail["fault"])
+            sqs_proxy.open_window(fault, float(str(detail["duration_s"])),
+                                  self.schedule.sqs_fault_probability[fault])
+        elif kind == "duplicates":
+            await self._send_duplicates(client, queue_url, pool, int(str(detail["count"])))
+        elif kind == "poison":
+            await self._send_poison(client, queue_url)
+        else:
+            raise ValueError(f"unknown event {kind}")
+
+    async def _send_duplicates(self, client: Any, queue_url: str, pool: asyncpg.Pool,
+                               count: int) -> None:
+        """Same envelope again: with a new dedup id (as if after SQS's 5-minute window), and
+        with the original dedup id (inside the window: SQS drops it)."""
+        if not self.started:
+            return
+        picks = self.rng.sample(self.started, min(count, len(self.started)))
+        try:
+            rows = await pool.fetch("SELECT workflow_id, next_seq, status FROM workflow_runs "
+                                    "WHERE workflow_id = ANY($1)", picks)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return
+        for row in rows:
+            wid, next_seq = row["workflow_id"], row["next_seq"]
+            seqs = [s for s in (next_seq - 1, next_seq) if 0 <= s < len(PHASES)]
+            for seq in seqs:
+                envelope = (start_message(wid, chaos.name, None) if seq == 0 else
+                            phase_message(wid, chaos.name, seq, PHASES[seq]))
+                for dedup, label in ((uuid.uuid4().hex, "duplicate_after_window"),
+                                     (dedup_id(wid, "main", seq), "duplicate_in_window")):
+                    await client.send_message(QueueUrl=queue_url, MessageBody=envelope.to_json(),
+                                              MessageGroupId=envelope.group_id,
+                                              MessageDeduplicationId=dedup)
+                    self.fired[label] += 1
+
+    async def _send_poison(self, client: Any, queue_url: str) -> None:
+        live = self.rng.choice(self.started) if self.started else "none"
+        for kind in POISON_KINDS:
+            poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)
+            response = await client.send_message(
+                QueueUrl=queue_url, MessageBody=poison.body, MessageGroupId=poison.group_id,
+                MessageDeduplicationId=uuid.uuid4().hex)
+            self.poisons.append(SentPoison(kind, response["MessageId"], poison.marker,
+                                           poison.live_workflow_id))
+            self.fired["poison"] += 1
+
+    # -- waiting and reporting ------------------------------------------------------------------
+
+    async def _progress(self, pool: asyncpg.Pool, fleet: Fleet) -> None:
+        try:
+            rows = await pool.fetch("SELECT status, count(*) AS n FROM workflow_runs GROUP BY 1")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return
+        counts = ", ".join(f"{r['status']}={r['n']}" for r in rows)
+        self.say(f"started {len(self.started)}/{self.config.workflows}: {counts}; "
+                 f"workers alive {fleet.alive()}")
+
+    async def _wait_drained(self, fleet: Fleet, pool: asyncpg.Pool, client: Any,
+                            queue_url: str) -> float | None:
+        deadline = time.monotonic() + self.config.drain_bound_s * 2
+        last_progress = time.monotonic()
+        while time.monotonic() < deadline:
+            for worker in fleet.reap():
+                self.last_fault = time.monotonic()
+                self.say(f"worker {worker.slot}.{worker.incarnation} died after the window "
+                         f"({worker.faults}); restarted")
+            if await self._drained(pool, client, queue_url):
+                return time.monotonic() - self.last_fault
+            if time.monotonic() - last_progress > 5:
+                last_progress = time.monotonic()
+                await self._progress(pool, fleet)
+            await asyncio.sleep(0.25)  # polling interval of a deadline-bounded wait
+        return None
+
+    async def _drained(self, pool: asyncpg.Pool, client: Any, queue_url: str) -> bool:
+        try:
+            done = await pool.fetchval("SELECT count(*) FROM workflow_runs WHERE workflow_id = "
+                                       "ANY($1) AND status = 'completed'", self.started)
+            unsent = await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        if done != len(self.started) or unsent:
+            return False
+        attrs = (await client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed"]))["Attributes"]
+        return sum(int(v) for v in attrs.values()) == 0
+
+    def _expected_faults(self) -> list[str]:
+        kinds = {e.kind for e in self.schedule.events}
+        expected = [*(f"kill@{p}" for p in KILL_POINTS), "sigkill_worker", "sigterm_drain",
+                    "pg_restart", "pg_commit_cut", *(f"sqs_{f}" for f in SQS_FAULTS),
+                    "duplicate_after_window", "duplicate_in_window", "poison",
+                    "downstream_response_lost"]
+        if "pg_restart" not in kinds:
+            expected.remove("pg_restart")
+        return expected
+
+    def _collect_fired(self, fleet: Fleet, pg_proxy: PgCommitCutProxy,
+                       sqs_proxy: SqsFaultProxy, downstream: Downstream,
+                       log_dir: Path) -> Counter[str]:
+        fired = Counter(self.fired)
+        for point, n in read_logs(log_dir).fault_points.items():
+            fired[f"kill@{point}"] += n
+        fired["pg_commit_cut"] = pg_proxy.cuts
+        for kind, n in sqs_proxy.fired.items():
+            fired[f"sqs_{kind}"] += n
+        fired["downstream_response_lost"] = downstream.responses_lost
+        return fired
+
+    def _clean_stops(self, exit_codes: dict[str, int]) -> Result:
+        bad = {k: v for k, v in exit_codes.items() if v != 0}
+        bad_drains = [c for c in self.sigterm_codes if c != 0]
+        return Result("SIGTERM stops are clean (exit 0)", not bad and not bad_drains,
+                      f"{len(exit_codes)} processes at the end, {len(self.sigterm_codes)} "
+                      f"mid-run drains" + (f"; non-zero: {bad} {bad_drains}"
+                                           if bad or bad_drains else ""))
+
+    def _stats(self, log_dir: Path, downstream: Downstream, began: float) -> dict[str, Any]:
+        logs = read_logs(log_dir)
+        attempts = Counter((a.workflow_id, a.seq) for a in downstream.ledger.attempts)
+        redone = sum(n - 1 for n in attempts.values())
+        transitions = len(self.started) * len(PHASES)
+        return {
+            "phase transitions": transitions,
+            "phase outcomes (worker logs)": dict(sorted(logs.outcomes.items())),
+            "phase executions with an effect attempt": sum(attempts.values()),
+            "redone executions (same key again)": redone,
+            "worker events": dict(sorted(logs.events.items())),
+            "wall time": f"{time.monotonic() - began:.1f}s",
+        }
+
+
+def run_chaos(config: ChaosConfig) -> Report:
+    return asyncio.run(ChaosRun(config).run())
+
+
+def cleanup_logs(report: Report) -> None:
+    if report.ok:
+        shutil.rmtree(report.log_dir, ignore_errors=True)
+
+

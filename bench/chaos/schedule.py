@@ -1,0 +1,95 @@
+"""The seeded fault schedule: everything the chaos run will do to the system, decided up front.
+
+``build_schedule(seed, ...)`` is a pure function of its arguments, so the seed printed on a
+failure reproduces the same schedule (which worker dies at which fault point, when Postgres
+restarts, when the SQS proxy throttles, which poison is sent when). What happens in between
+is timing-dependent by nature; the schedule is what the seed fixes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+
+# Kill points inside the worker (worker/faults.py): each worker incarnation is armed with one
+# of these as ``point@N`` and restarted after it fires.
+KILL_POINTS = ("after_receive", "mid_phase", "after_commit", "after_send")
+
+# SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
+SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped")
+
+# Poison kinds the runner sends (bench/chaos/poison.py); each must end up quarantined.
+POISON_KINDS = ("not_json", "invalid_envelope", "bad_workflow_id", "extra_field",
+                "unknown_workflow", "unknown_phase", "oversized", "no_run", "seq_ahead",
+                "workflow_mismatch")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timed action, ``at_s`` seconds after the fault phase starts."""
+
+    at_s: float
+    kind: str
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Schedule:
+    seed: int
+    workflows: int
+    workers: int
+    fault_window_s: float
+    kill_points: list[str]
+    events: list[Event]
+    sqs_fault_probability: dict[str, float]
+    pg_commit_cut_probability: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}: {self.workflows} workflows, {self.workers} workers, "
+                 f"faults for {self.fault_window_s:.0f}s",
+                 f"  worker kill points (in turn, point@N): {', '.join(self.kill_points)}",
+                 f"  SQS fault probability inside windows: {self.sqs_fault_probability}",
+                 f"  commit-result cut probability: {self.pg_commit_cut_probability}"]
+        lines += [f"  t={e.at_s:6.1f}s {e.kind} {e.detail or ''}" for e in self.events]
+        return "\n".join(lines)
+
+
+def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = False) -> Schedule:
+    rng = random.Random(seed)
+    window = 240.0 if long else 40.0
+    events: list[Event] = []
+
+    def spread(kind: str, times: int, start: float = 2.0, **detail: object) -> None:
+        slot = (window - start) / times
+        for i in range(times):
+            events.append(Event(round(start + slot * i + rng.uniform(0, slot * 0.8), 2), kind,
+                                dict(detail)))
+
+    scale = 5 if long else 1
+    spread("sigkill_worker", 3 * scale, start=4.0)
+    spread("sigterm_worker", 2 * scale, start=6.0)
+    spread("pg_restart", 1 * scale + (1 if long else 0), start=10.0)
+    spread("duplicates", 4 * scale, start=3.0, count=6)
+    spread("poison", 2 * scale, start=3.0)
+    # SQS fault windows: each kind gets windows of a few seconds where the proxy injects it.
+    for kind in SQS_FAULTS:
+        for _ in range(2 * scale):
+            start = round(rng.uniform(3.0, window - 6.0), 2)
+            events.append(Event(start, "sqs_window",
+                                {"fault": kind, "duration_s": round(rng.uniform(2.0, 5.0), 2)}))
+    # Commit cuts are probabilistic per commit statement, but at least one is forced early.
+    events.append(Event(round(rng.uniform(3.0, 10.0), 2), "pg_cut_next_commit", {}))
+    events.sort(key=lambda e: (e.at_s, e.kind))
+    points = list(KILL_POINTS)
+    rng.shuffle(points)
+    kill_points = [f"{points[i % len(points)]}@{rng.randint(3, 25)}"
+                   for i in range(workers * (4 * scale))]
+    return Schedule(seed=seed, workflows=workflows, workers=workers, fault_window_s=window,
+                    kill_points=kill_points, events=events,
+                    sqs_fault_probability={"throttle": 0.5, "server_error": 0.4,
+                                           "slow": 0.5, "send_response_dropped": 0.5},
+                    pg_commit_cut_probability=0.01)

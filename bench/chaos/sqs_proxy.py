@@ -1,0 +1,160 @@
+"""A small HTTP proxy in front of the SQS server that injects SQS faults during windows.
+
+It speaks just enough HTTP/1.1 for botocore (keep-alive, Content-Length bodies) and forwards
+each request to the real server. While a window of a fault kind is open, each request gets
+that fault with the window's probability:
+
+- ``throttle``: 400 with ``RequestThrottled`` (what SQS sends; botocore backs off and retries);
+- ``server_error``: 500 ``InternalError`` / 503 ``ServiceUnavailable``;
+- ``slow``: the response is held back 0.5-3 s;
+- ``send_response_dropped``: a send is forwarded and succeeds, then the connection is closed
+  without the response (the sender cannot know the message is in the queue).
+
+Every fault that actually fired is counted in ``fired``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from contextlib import suppress
+
+import aiohttp
+
+SEND_ACTIONS = frozenset({"SendMessage", "SendMessageBatch"})
+HOP_BY_HOP = frozenset({"host", "content-length", "connection", "transfer-encoding",
+                        "keep-alive", "accept-encoding"})
+
+
+class SqsFaultProxy:
+    def __init__(self, upstream: str, *, seed: int) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.rng = random.Random(seed)
+        self.fired: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()
+        self._windows: list[tuple[float, str, float]] = []  # (until monotonic, kind, p)
+        self._server: asyncio.Server | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def start(self) -> int:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=200), timeout=aiohttp.ClientTimeout(total=60),
+            auto_decompress=False)
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._conns):
+                writer.close()
+            with suppress(Exception):
+                await self._server.wait_closed()
+        if self._session is not None:
+            await self._session.close()
+
+    def open_window(self, kind: str, duration_s: float, probability: float) -> None:
+        self._windows.append((time.monotonic() + duration_s, kind, probability))
+
+    def _pick(self, action: str) -> str | None:
+        now = time.monotonic()
+        self._windows = [w for w in self._windows if w[0] > now]
+        for _, kind, probability in self._windows:
+            if kind == "send_response_dropped" and action not in SEND_ACTIONS:
+                continue
+            if self.rng.random() < probability:
+                return kind
+        return None
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conns.add(writer)
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                if not await self._serve(request, writer):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._conns.discard(writer)
+            writer.close()
+
+    async def _serve(self, request: tuple[str, str, dict[str, str], bytes],
+                     writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False when the connection must be dropped."""
+        method, path, headers, body = request
+        action = headers.get("x-amz-target", "").rpartition(".")[2] or "unknown"
+        self.requests[action] += 1
+        fault = self._pick(action)
+        if fault == "throttle":
+            self.fired["throttle"] += 1
+            await _respond(writer, 400, json.dumps({
+                "__type": "com.amazonaws.sqs#RequestThrottled", "message": "Rate exceeded"}),
+                {"x-amzn-query-error": "RequestThrottled;Sender"})
+            return True
+        if fault == "server_error":
+            self.fired["server_error"] += 1
+            status = self.rng.choice((500, 503))
+            code = "InternalError" if status == 500 else "ServiceUnavailable"
+            await _respond(writer, status, json.dumps({
+                "__type": f"com.amazonaws.sqs#{code}", "message": "injected"}),
+                {"x-amzn-query-error": f"{code};Receiver"})
+            return True
+        assert self._session is not None
+        forward = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
+        async with self._session.request(method, self.upstream + path, data=body,
+                                         headers=forward) as response:
+            payload = await response.read()
+            status = response.status
+            extra = {k: v for k, v in response.headers.items()
+                     if k.lower() not in HOP_BY_HOP and k.lower() != "content-type"}
+            content_type = response.headers.get("content-type", "application/x-amz-json-1.0")
+        if fault == "slow":
+            self.fired["slow"] += 1
+            await asyncio.sleep(self.rng.uniform(0.5, 3.0))  # the injected fault itself
+        if fault == "send_response_dropped" and status == 200:
+            self.fired["send_response_dropped"] += 1
+            return False
+        await _respond(writer, status, payload, extra, content_type)
+        return True
+
+
+async def _read_request(reader: asyncio.StreamReader
+                        ) -> tuple[str, str, dict[str, str], bytes] | None:
+    line = await reader.readline()
+    if not line:
+        return None
+    method, path, _ = line.decode("latin-1").split(" ", 2)
+    headers: dict[str, str] = {}
+    while True:
+        raw = await reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return method, path, headers, body
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, body: str | bytes,
+                   headers: dict[str, str] | None = None,
+                   content_type: str = "application/x-amz-json-1.0") -> None:
+    data = body.encode() if isinstance(body, str) else body
+    lines = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}",
+             f"Content-Type: {content_type}", f"Content-Length: {len(data)}",
+             "Connection: keep-alive"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+    await writer.drain()

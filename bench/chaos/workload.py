@@ -1,0 +1,82 @@
+"""The chaos workload: a 5-phase workflow whose every phase makes one write step against the
+downstream test service (bench/chaos/downstream.py), keyed by the step's idempotency key.
+
+Loaded by worker processes with ``PHASEGATE_WORKFLOW_MODULES=bench.chaos.workload``; the
+downstream's URL comes from ``PHASEGATE_CHAOS_DOWNSTREAM_URL``. ``chaos-other`` exists only so
+a poison message can name a live run under the wrong workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from typing import Any
+
+import aiohttp
+
+from worker import Context, Workflow
+
+DOWNSTREAM_ENV = "PHASEGATE_CHAOS_DOWNSTREAM_URL"
+PHASES = ("plan", "fetch", "transform", "write", "publish")
+STEP_NAME = "effect"
+
+chaos = Workflow("chaos", schema_version=1)
+chaos_other = Workflow("chaos-other", schema_version=1)
+
+
+class DownstreamError(Exception):
+    """The downstream answered with an error; the phase is retried (same key)."""
+
+
+def idempotency_key(workflow_id: str, branch: str, seq: int, step_seq: int) -> str:
+    """The design's key: the first 32 hex chars of sha256(workflow_id:branch:seq:step_seq)."""
+    return hashlib.sha256(f"{workflow_id}:{branch}:{seq}:{step_seq}".encode()).hexdigest()[:32]
+
+
+_session: aiohttp.ClientSession | None = None
+
+
+def _client() -> aiohttp.ClientSession:
+    global _session
+    if _session is None or _session.closed:
+        _session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    return _session
+
+
+async def apply_effect(ctx: Context, key: str, step_seq: int) -> dict[str, Any]:
+    """Call the downstream with ``key``; returns its effect record (JSON)."""
+    url = os.environ[DOWNSTREAM_ENV] + "/effect"
+    async with _client().post(url, json={
+            "key": key, "workflow_id": ctx.workflow_id, "branch": ctx.branch, "seq": ctx.seq,
+            "step_seq": step_seq, "worker_id": ctx.worker_id}) as response:
+        if response.status != 200:
+            raise DownstreamError(f"downstream answered {response.status}")
+        result: dict[str, Any] = await response.json()
+    return {"effect_id": result["effect_id"], "key": key}
+
+
+async def write_step(ctx: Context) -> dict[str, Any]:
+    """The phase's one write step (step_seq 0)."""
+    return await apply_effect(ctx, idempotency_key(ctx.workflow_id, ctx.branch, ctx.seq, 0), 0)
+
+
+def _make_phase(name: str) -> None:
+    async def phase(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+        # A little deterministic work before the effect, so phases overlap in the fleet.
+        await asyncio.sleep((int(ctx.workflow_id[-2:], 16) % 20) / 1000)
+        effect = await write_step(ctx)
+        return {**state, "trail": [*state.get("trail", []), name],
+                "effects": [*state.get("effects", []), effect["effect_id"]]}
+
+    phase.__name__ = f"chaos_{name}"
+    chaos.phase(name)(phase)
+
+
+for _name in PHASES:
+    _make_phase(_name)
+
+
+@chaos_other.phase("only")
+async def other_only(ctx: Context, state: Any) -> Any:
+    return state
