@@ -84,3 +84,12 @@ async def notes(settings: Settings, wid: str, phase: str) -> list[str]:
                        "SELECT note FROM test_invocations WHERE workflow_id = $1 AND phase = $2 "
                        "ORDER BY id", wid, phase)
     return [r["note"] for r in rows]
+
+
+async def review_decision(settings: Settings, wid: str, action: str) -> None:
+    """approve/reject through the orchestrator's control plane (what the API and CLI call)."""
+    from orchestrator.control import Control
+
+    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
+        control = Control(store.pool, queue, None, actor="test")
+        await getattr(control, action)(wid, f"{action} from the test")

@@ -1,0 +1,119 @@
+"""Progress tiers and the three below-tier policies, against real PostgreSQL and SQS; reviews
+are decided through the orchestrator's control plane (approve / reject)."""
+
+from __future__ import annotations
+
+from tests import workflows_room
+from tests.helpers import all_done, running_worker, wait_for
+from tests.room_helpers import (  # noqa: F401 (fixtures)
+    api_fixture,
+    checkpoints,
+    notes,
+    review_decision,
+    run_row,
+    settings_fixture,
+    start,
+    status_is,
+)
+from worker.steps import idempotency_key
+from worker.workflow import Registry
+
+REGISTRY = Registry([workflows_room.tier_retry, workflows_room.tier_escalate,
+                     workflows_room.tier_advance, workflows_room.tier_last])
+
+
+def shape(rows):
+    return [(r["seq"], r["phase"], r["tier"], r["tier_label"], r["outcome"], r["rerun_of"])
+            for r in rows]
+
+
+async def test_tiers_are_stored_on_checkpoints_and_on_the_run(settings, api):
+    passing = await start(settings, workflows_room.tier_advance, {"pass_on": 1})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [passing]), what="completed")
+    assert shape(await checkpoints(settings, passing)) == [
+        (0, "work", 2, "confirmed", None, None), (1, "finish", 2, "confirmed", None, None)]
+    run = await run_row(settings, passing)
+    assert (run["tier"], run["tier_label"]) == (2, "confirmed")
+
+
+async def test_below_tier_advance_records_the_lower_tier_and_goes_on(settings, api):
+    wid = await start(settings, workflows_room.tier_advance, {"pass_on": 99})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    assert shape(await checkpoints(settings, wid)) == [
+        (0, "work", 1, "found", None, None), (1, "finish", 1, "found", None, None)]
+    assert await notes(settings, wid, "work") == ["1"]
+
+
+async def test_below_tier_retry_reruns_the_phase_from_its_input_with_an_attempt_counter(
+        settings, api):
+    wid = await start(settings, workflows_room.tier_retry, {"pass_on": 3})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    assert await notes(settings, wid, "work") == ["1", "2", "3"]
+    rows = await checkpoints(settings, wid)
+    assert shape(rows) == [
+        (0, "work", 1, "found", "retry", None), (1, "work", 1, "found", "retry", 0),
+        (2, "work", 2, "confirmed", None, 0), (3, "finish", 2, "confirmed", None, None)]
+    # Every attempt started from the run's input, not from the attempt before it.
+    assert rows[2]["state"] == {"pass_on": 3, "level": 2, "attempt_seen": 3}
+    # Every attempt is its own seq, so its write step had its own idempotency key.
+    assert set(api.stats()["calls_by_key"]) == {idempotency_key(wid, "main", s, 1)
+                                                for s in (0, 1, 2)}
+
+
+async def test_below_tier_retry_escalates_when_the_retries_are_spent(settings, api):
+    wid = await start(settings, workflows_room.tier_retry, {"pass_on": 99})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+    run = await run_row(settings, wid)
+    assert run["error"] == ("below_tier: phase work reached tier 1 (found) after 3 attempts, "
+                            "expected tier 2 (confirmed)")
+    assert (run["next_seq"], run["current_phase"]) == (3, "finish")
+    assert [r["outcome"] for r in await checkpoints(settings, wid)] == [
+        "retry", "retry", "review"]
+
+
+async def test_below_tier_escalate_then_approve_continues_with_the_result(settings, api):
+    wid = await start(settings, workflows_room.tier_escalate, {"pass_on": 2})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+        run = await run_row(settings, wid)
+        assert run["error"].startswith("below_tier: phase work reached tier 1 (found)")
+        assert shape(await checkpoints(settings, wid)) == [(0, "work", 1, "found", "review",
+                                                            None)]
+        await review_decision(settings, wid, "approve")
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    assert await notes(settings, wid, "work") == ["1"]  # the result was kept
+    rows = await checkpoints(settings, wid)
+    assert shape(rows)[1] == (1, "finish", 1, "found", None, None)
+
+
+async def test_below_tier_escalate_then_reject_reruns_the_phase(settings, api):
+    wid = await start(settings, workflows_room.tier_escalate, {"pass_on": 2})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+        await review_decision(settings, wid, "reject")
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    assert await notes(settings, wid, "work") == ["1", "2"]
+    assert shape(await checkpoints(settings, wid)) == [
+        (0, "work", 1, "found", "review", None), (1, "work", 2, "confirmed", None, 0),
+        (2, "finish", 2, "confirmed", None, None)]
+
+
+async def test_a_review_of_the_last_phase_completes_on_approve_and_reruns_on_reject(
+        settings, api):
+    kept = await start(settings, workflows_room.tier_last, {})
+    redone = await start(settings, workflows_room.tier_last, {})
+    async with running_worker(settings, REGISTRY):
+        for wid in (kept, redone):
+            await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+        await review_decision(settings, kept, "approve")
+        await review_decision(settings, redone, "reject")
+        await wait_for(lambda: all_done(settings.database_url, [kept, redone]),
+                       what="both completed")
+    assert await notes(settings, kept, "final") == ["1"]
+    assert [r["tier"] for r in await checkpoints(settings, kept)] == [1, 2]
+    assert await notes(settings, redone, "final") == ["1", "2"]
+    assert [r["tier"] for r in await checkpoints(settings, redone)] == [1, 2, 3]
