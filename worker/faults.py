@@ -5,7 +5,10 @@ comma-separated list of ``point`` (kill the first time), ``point@N`` (the N-th t
 ``point%P`` (with probability P each time, seeded by ``PHASEGATE_FAULT_SEED``).
 
 Points: ``after_receive``, ``mid_phase`` (inside a write step / before the phase returns),
-``after_commit`` (between commit and send), ``after_send`` (between send and delete).
+``after_commit`` (between commit and send), ``after_send`` (between send and delete),
+``step_claimed`` (a write step's pre_execution record is committed, its function not yet
+called), ``step_effect`` (the write step's effect happened, its completed record not yet
+written). The chaos suite (bench/chaos) arms one point per worker process.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import random
 import signal
 import sys
 
-POINTS = frozenset({"after_receive", "mid_phase", "after_commit", "after_send"})
+POINTS = frozenset({"after_receive", "mid_phase", "after_commit", "after_send",
+                    "step_claimed", "step_effect"})
 
 
 class Faults:

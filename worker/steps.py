@@ -254,10 +254,13 @@ class Steps:
             log.debug("step_replayed", step=name, step_seq=step_seq)
             return json.loads(record.output or "null")
         # pre_execution: new, or left by an attempt that died. Same key either way.
+        if self.faults is not None:
+            self.faults.hit("step_claimed")  # TEST ONLY: recorded, the effect not yet made
         result = await _call(fn, args, idempotency_key=record.idempotency_key)
         text, value = as_json(result, what)
         if self.faults is not None:
             self.faults.hit("mid_phase")  # TEST ONLY: the effect happened, not yet recorded
+            self.faults.hit("step_effect")
         await self.ledger.complete(self.scope, step_seq, text)
         return value
 

@@ -24,7 +24,7 @@ import asyncpg
 
 from bench.chaos.downstream import Ledger
 from bench.chaos.poison import EXPECTED_CODE
-from bench.chaos.workload import PHASES, idempotency_key
+from bench.chaos.workload import FIRST_STEP_SEQ, PHASES, expected_key
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,11 @@ def i3_one_effect_per_key(started: list[str], chains: dict[str, list[asyncpg.Rec
     for (wid, branch, seq, step_seq), keys in keys_by_step.items():
         if len(keys) != 1:
             problems.append(f"{wid}/{seq}/{step_seq} used {len(keys)} different keys")
-        elif next(iter(keys)) != idempotency_key(wid, branch, seq, step_seq):
+        elif next(iter(keys)) != expected_key(wid, branch, seq, step_seq):
             problems.append(f"{wid}/{seq}/{step_seq} key is not the deterministic key")
     for wid in started:
         for row in chains.get(wid, []):
-            step = (wid, row["branch"], row["seq"], 0)
+            step = (wid, row["branch"], row["seq"], FIRST_STEP_SEQ)
             keys = keys_by_step.get(step)
             if not keys:
                 problems.append(f"{wid}/{row['seq']} committed without its effect")

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 
 # Kill points inside the worker (worker/faults.py): each worker incarnation is armed with one
 # of these as ``point@N`` and restarted after it fires.
-KILL_POINTS = ("after_receive", "mid_phase", "after_commit", "after_send")
+KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "after_commit",
+               "after_send")
 
 # SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
 SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped")

@@ -20,6 +20,7 @@ from worker import Context, Workflow
 DOWNSTREAM_ENV = "PHASEGATE_CHAOS_DOWNSTREAM_URL"
 PHASES = ("plan", "fetch", "transform", "write", "publish")
 STEP_NAME = "effect"
+FIRST_STEP_SEQ = 1  # steps are numbered 1, 2, ... in call order (worker/steps.py)
 
 chaos = Workflow("chaos", schema_version=1)
 chaos_other = Workflow("chaos-other", schema_version=1)
@@ -29,8 +30,9 @@ class DownstreamError(Exception):
     """The downstream answered with an error; the phase is retried (same key)."""
 
 
-def idempotency_key(workflow_id: str, branch: str, seq: int, step_seq: int) -> str:
-    """The design's key: the first 32 hex chars of sha256(workflow_id:branch:seq:step_seq)."""
+def expected_key(workflow_id: str, branch: str, seq: int, step_seq: int) -> str:
+    """The design's key, computed here independently of the engine: the first 32 hex chars
+    of sha256(workflow_id:branch:seq:step_seq)."""
     return hashlib.sha256(f"{workflow_id}:{branch}:{seq}:{step_seq}".encode()).hexdigest()[:32]
 
 
@@ -44,21 +46,24 @@ def _client() -> aiohttp.ClientSession:
     return _session
 
 
-async def apply_effect(ctx: Context, key: str, step_seq: int) -> dict[str, Any]:
-    """Call the downstream with ``key``; returns its effect record (JSON)."""
+async def apply_effect(ctx: Context, step_seq: int, *,
+                       idempotency_key: str) -> dict[str, Any]:
+    """The write step's function: call the downstream with the key the engine hands us."""
     url = os.environ[DOWNSTREAM_ENV] + "/effect"
     async with _client().post(url, json={
-            "key": key, "workflow_id": ctx.workflow_id, "branch": ctx.branch, "seq": ctx.seq,
-            "step_seq": step_seq, "worker_id": ctx.worker_id}) as response:
+            "key": idempotency_key, "workflow_id": ctx.workflow_id, "branch": ctx.branch,
+            "seq": ctx.seq, "step_seq": step_seq, "worker_id": ctx.worker_id}) as response:
         if response.status != 200:
             raise DownstreamError(f"downstream answered {response.status}")
         result: dict[str, Any] = await response.json()
-    return {"effect_id": result["effect_id"], "key": key}
+    return {"effect_id": result["effect_id"], "key": idempotency_key}
 
 
 async def write_step(ctx: Context) -> dict[str, Any]:
-    """The phase's one write step (step_seq 0)."""
-    return await apply_effect(ctx, idempotency_key(ctx.workflow_id, ctx.branch, ctx.seq, 0), 0)
+    """The phase's one write step: step_seq 1, recorded before and after it runs."""
+    result: dict[str, Any] = await ctx.step(STEP_NAME, apply_effect, ctx, FIRST_STEP_SEQ,
+                                            category="write")
+    return result
 
 
 def _make_phase(name: str) -> None:
