@@ -145,6 +145,8 @@ async def research(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     ctx.observe(ticket["id"], "ticket", ticket["version"])
     if state.get("changes_after_read") and ctx.tier_attempt == 1:
         await api().bump(state["ticket"])  # the world moves on after we looked
+    if state.get("break_versions"):
+        await api().break_versions(state["ticket"])  # the version service goes down
     return {**state, "seen_version": ticket["version"]}
 
 

@@ -167,3 +167,6 @@ class ApiClient:
     async def bump(self, ticket_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("POST", f"/tickets/{ticket_id}/bump")
         return result
+
+    async def break_versions(self, ticket_id: str) -> None:
+        await self._request("POST", f"/tickets/{ticket_id}/break")
