@@ -211,5 +211,33 @@ main.add_command(cli_control.approve)
 main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
 
+
+@main.command()
+@click.option("--modules", "workflow_modules",
+              help="The workflow modules about to be rolled out (PHASEGATE_WORKFLOW_MODULES).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per workflow.")
+def versions(workflow_modules: str | None, as_json: bool) -> None:
+    """Before a rollout: per workflow, how many unfinished runs the loaded code would resume
+    as they are (recoverable), upcast, or stop at needs_restart."""
+    from worker.versions import format_report, version_report
+
+    settings = require(settings_from(workflow_modules=workflow_modules), "database_url")
+    registry = load_registry(settings)
+
+    async def run() -> None:
+        pool = await _connect_pool(settings)
+        try:
+            report = await version_report(pool, registry)
+        finally:
+            await pool.close()
+        if as_json:
+            for row in report:
+                click.echo(json.dumps(row.as_dict(), sort_keys=True))
+        else:
+            click.echo(format_report(report))
+
+    asyncio.run(run())
+
+
 if __name__ == "__main__":
     main()

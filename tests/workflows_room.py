@@ -156,3 +156,18 @@ async def write(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     if state.get("fatal"):
         raise NonRetryableError("not reached in these tests")
     return {**state, "written_from": state["seen_version"]}
+
+
+# -- versions: the code about to be rolled out is at version 3 and upcasts only from 2 ---------
+
+versioned = Workflow("room-versioned", schema_version=3)
+
+
+@versioned.upcast(from_version=2)
+def two_to_three(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "v3": True}
+
+
+@versioned.phase("only")
+async def versioned_only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return state
