@@ -368,8 +368,8 @@ class PhaseTransition:
     # -- helpers ------------------------------------------------------------------------------
 
     def _backoff(self, attempts: int) -> int:
-        delay = self.config.retry_backoff_s * (2.0 ** max(0, attempts - 1))
-        return max(0, int(round(min(delay, self.config.retry_backoff_max_s))))
+        delay: float = self.config.retry_backoff_s * (2.0 ** max(0, attempts - 1))
+        return max(0, round(min(delay, self.config.retry_backoff_max_s)))
 
     def _log_phase(self, envelope: Envelope, phase_name: str, started: float, outcome: str,
                    **extra: Any) -> None:
