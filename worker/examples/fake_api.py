@@ -170,3 +170,22 @@ class ApiClient:
 
     async def break_versions(self, ticket_id: str) -> None:
         await self._request("POST", f"/tickets/{ticket_id}/break")
+
+
+def main() -> None:
+    """``python -m worker.examples.fake_api [PORT]``: serve the fake API until Ctrl-C."""
+    import sys
+    import time
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
+    with FakeApi(port=port) as api:
+        print(f"fake API on {api.url}", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
