@@ -18,7 +18,7 @@ def test_wheel_contains_packages_sql_and_console_script(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     wheel = next(tmp_path.glob("phasegate-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "worker/sql/queries.sql" in names
+    assert {"worker/sql/queries.sql", "orchestrator/sql/queries.sql"} <= names
     for version, name, _ in migration_files():
         assert f"worker/sql/migrations/{version:04d}_{name}.sql" in names
     assert {"worker/__init__.py", "orchestrator/cli.py", "worker/py.typed"} <= names
