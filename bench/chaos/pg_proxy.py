@@ -3,9 +3,10 @@
 It follows the frontend/backend protocol just far enough: the untyped startup packets
 (answering SSLRequest/GSSENCRequest with 'N' itself), then typed messages both ways. It
 remembers the SQL of every prepared statement (Parse), so when a Bind executes the phase
-commit statement it can arm a cut: the client's messages up to Sync are forwarded, the server
-executes and commits, the proxy swallows the server's answer up to ReadyForQuery and then
-closes both sockets. The worker sees a dropped connection for a commit that happened.
+commit (or a write step's record) it can arm a cut: the client's messages up to Sync are
+forwarded, the server executes and commits, the proxy swallows the server's answer up to
+ReadyForQuery and then closes both sockets. The worker sees a dropped connection for a
+commit that happened.
 """
 
 from __future__ import annotations
@@ -13,27 +14,36 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
+from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
+from typing import Any
 
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 
 
-def is_phase_commit(sql: str) -> bool:
-    """The one commit statement (worker/sql/queries.sql, commit_phase)."""
-    return "INSERT INTO checkpoints" in sql and "next_seq = $3 + 1" in sql
+def classify(sql: str) -> str | None:
+    """Which write a statement is, for the statements whose lost answer matters most: the
+    phase commit (worker/sql/queries.sql commit_phase) and a write step's two records."""
+    if "INSERT INTO checkpoints" in sql and "next_seq = $3 + 1" in sql:
+        return "phase_commit"
+    if "INSERT INTO step_records" in sql and "'pre_execution'" in sql:
+        return "step_claim"
+    if "UPDATE step_records SET status = 'completed'" in sql:
+        return "step_complete"
+    return None
 
 
 class PgCommitCutProxy:
     def __init__(self, upstream_port: int, *, seed: int, probability: float = 0.0,
-                 matcher: Callable[[str], bool] = is_phase_commit) -> None:
+                 classifier: Callable[[str], str | None] = classify) -> None:
         self.upstream_port = upstream_port
         self.rng = random.Random(seed)
         self.probability = probability
-        self.matcher = matcher
+        self.classifier = classifier
         self.forced = 0
-        self.cuts = 0
+        self.cuts: Counter[str] = Counter()
         self.connections = 0
         self.enabled = True
         self._server: asyncio.Server | None = None
@@ -59,10 +69,10 @@ class PgCommitCutProxy:
             with suppress(Exception):
                 await self._server.wait_closed()
 
-    def _decide(self) -> bool:
+    def _decide(self, label: str) -> bool:
         if not self.enabled:
             return False
-        if self.forced:
+        if self.forced and label == "phase_commit":
             self.forced -= 1
             return True
         return self.rng.random() < self.probability
@@ -76,7 +86,7 @@ class PgCommitCutProxy:
             c_writer.close()
             return
         self._writers.update((c_writer, s_writer))
-        state = {"cut_armed": False, "swallow": False}
+        state: dict[str, Any] = {"cut_armed": False, "swallow": False, "label": None}
         upstream = asyncio.create_task(self._from_client(c_reader, c_writer, s_writer, state))
         downstream = asyncio.create_task(self._from_server(s_reader, c_writer, state))
         try:
@@ -90,7 +100,7 @@ class PgCommitCutProxy:
                 writer.close()
 
     async def _from_client(self, reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter,
-                           s_writer: asyncio.StreamWriter, state: dict[str, bool]) -> None:
+                           s_writer: asyncio.StreamWriter, state: dict[str, Any]) -> None:
         with suppress(ConnectionError, asyncio.IncompleteReadError):
             # Startup: untyped packets; answer SSL/GSS requests ourselves with "no".
             while True:
@@ -115,8 +125,10 @@ class PgCommitCutProxy:
                     statements[name.decode()] = sql
                 elif kind == b"B":
                     statement = body.split(b"\0", 2)[1].decode()
-                    if self.matcher(statements.get(statement, "")) and self._decide():
+                    label = self.classifier(statements.get(statement, ""))
+                    if label is not None and self._decide(label):
                         state["cut_armed"] = state["swallow"] = True
+                        state["label"] = label
                 s_writer.write(kind + struct.pack("!i", length) + body)
                 await s_writer.drain()
                 if kind == b"S" and state["cut_armed"]:
@@ -124,7 +136,7 @@ class PgCommitCutProxy:
                     await asyncio.Event().wait()
 
     async def _from_server(self, reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter,
-                           state: dict[str, bool]) -> None:
+                           state: dict[str, Any]) -> None:
         with suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 kind = await reader.readexactly(1)
@@ -132,7 +144,7 @@ class PgCommitCutProxy:
                 body = await reader.readexactly(length - 4)
                 if state["swallow"]:
                     if kind == b"Z":  # the server finished (and committed): cut now
-                        self.cuts += 1
+                        self.cuts[state["label"]] += 1
                         return
                     continue
                 c_writer.write(kind + struct.pack("!i", length) + body)

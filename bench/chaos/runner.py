@@ -33,7 +33,7 @@ import aioboto3
 import asyncpg
 
 from bench.chaos.downstream import Downstream
-from bench.chaos.fleet import Fleet, read_logs
+from bench.chaos.fleet import FAULT_LINE, Fleet, read_logs
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
@@ -49,7 +49,7 @@ from worker.store import Store, create_pool
 
 VISIBILITY_S = 4
 MAX_MESSAGE_BYTES = 16_384
-MAX_RECEIVE_COUNT = 10  # the README's redrive policy: a message received 10 times goes to DLQ
+MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (worker/queue.py)
 
 
 @dataclass
@@ -184,7 +184,7 @@ class ChaosRun:
                 fleet.start_relay()
                 for slot in range(config.workers):
                     fleet.start_worker(slot)
-                pool = await create_pool(pg.dsn, max_size=4)
+                pool = await create_pool(pg.dsn, min_size=0, max_size=4)
                 try:
                     drain_s = await self._drive(fleet, pg, pg_proxy, sqs_proxy, downstream,
                                                 client, queue_url, pool)
@@ -311,6 +311,10 @@ class ChaosRun:
             self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
         elif kind == "sigterm_worker":
             slot = self.rng.randrange(self.config.workers)
+            # Until a worker has its signal handlers (it logs once it does), Python's default
+            # SIGTERM action ends it with -15 while it is still importing: it holds nothing,
+            # so there is nothing to drain. A drain test needs a started worker.
+            await self._until_started(fleet, slot)
             worker = fleet.signal_worker(slot, signal.SIGTERM)
             fleet.start_worker(slot)  # the replacement starts while the old one drains
             try:
@@ -319,6 +323,12 @@ class ChaosRun:
                 worker.process.kill()
                 code = await asyncio.to_thread(worker.process.wait)
             fleet.finished.append((worker, code))
+            if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(
+                    errors="replace")):
+                # Its armed kill point fired while it drained: a kill (counted from the log).
+                self.say(f"SIGTERM worker {slot}.{worker.incarnation}: its kill point fired "
+                         "while draining")
+                return
             self.sigterm_codes.append(code)
             if code == 0:
                 self.fired["sigterm_drain"] += 1
@@ -339,6 +349,15 @@ class ChaosRun:
             await self._send_poison(client, queue_url)
         else:
             raise ValueError(f"unknown event {kind}")
+
+    @staticmethod
+    async def _until_started(fleet: Fleet, slot: int, within_s: float = 30) -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            worker = fleet.workers[slot]
+            if worker.process.poll() is None and b'"event"' in worker.log.read_bytes():
+                return
+            await asyncio.sleep(0.1)  # polling a log file under a deadline
 
     async def _send_duplicates(self, client: Any, queue_url: str, pool: asyncpg.Pool,
                                count: int) -> None:
@@ -434,7 +453,8 @@ class ChaosRun:
         fired = Counter(self.fired)
         for point, n in read_logs(log_dir).fault_points.items():
             fired[f"kill@{point}"] += n
-        fired["pg_commit_cut"] = pg_proxy.cuts
+        fired["pg_commit_cut"] = pg_proxy.cuts["phase_commit"]
+        fired["pg_step_record_cut"] = pg_proxy.cuts["step_claim"] + pg_proxy.cuts["step_complete"]
         for kind, n in sqs_proxy.fired.items():
             fired[f"sqs_{kind}"] += n
         fired["downstream_response_lost"] = downstream.responses_lost

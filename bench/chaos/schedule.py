@@ -73,7 +73,7 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     scale = 5 if long else 1
     spread("sigkill_worker", 3 * scale, start=4.0)
     spread("sigterm_worker", 2 * scale, start=6.0)
-    spread("pg_restart", 1 * scale + (1 if long else 0), start=10.0)
+    spread("pg_restart", 2 * scale, start=8.0)
     spread("duplicates", 4 * scale, start=3.0, count=6)
     spread("poison", 2 * scale, start=3.0)
     # SQS fault windows: each kind gets windows of a few seconds where the proxy injects it.
@@ -91,6 +91,8 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
                    for i in range(workers * (4 * scale))]
     return Schedule(seed=seed, workflows=workflows, workers=workers, fault_window_s=window,
                     kill_points=kill_points, events=events,
-                    sqs_fault_probability={"throttle": 0.5, "server_error": 0.4,
-                                           "slow": 0.5, "send_response_dropped": 0.5},
-                    pg_commit_cut_probability=0.01)
+                    # High enough that botocore's own retries (5 attempts) sometimes give up
+                    # and the engine sees the error.
+                    sqs_fault_probability={"throttle": 0.85, "server_error": 0.8,
+                                           "slow": 0.6, "send_response_dropped": 0.7},
+                    pg_commit_cut_probability=0.02)

@@ -36,23 +36,14 @@ def expected_key(workflow_id: str, branch: str, seq: int, step_seq: int) -> str:
     return hashlib.sha256(f"{workflow_id}:{branch}:{seq}:{step_seq}".encode()).hexdigest()[:32]
 
 
-_session: aiohttp.ClientSession | None = None
-
-
-def _client() -> aiohttp.ClientSession:
-    global _session
-    if _session is None or _session.closed:
-        _session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-    return _session
-
-
 async def apply_effect(ctx: Context, step_seq: int, *,
                        idempotency_key: str) -> dict[str, Any]:
     """The write step's function: call the downstream with the key the engine hands us."""
     url = os.environ[DOWNSTREAM_ENV] + "/effect"
-    async with _client().post(url, json={
-            "key": idempotency_key, "workflow_id": ctx.workflow_id, "branch": ctx.branch,
-            "seq": ctx.seq, "step_seq": step_seq, "worker_id": ctx.worker_id}) as response:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session, \
+            session.post(url, json={
+                "key": idempotency_key, "workflow_id": ctx.workflow_id, "branch": ctx.branch,
+                "seq": ctx.seq, "step_seq": step_seq, "worker_id": ctx.worker_id}) as response:
         if response.status != 200:
             raise DownstreamError(f"downstream answered {response.status}")
         result: dict[str, Any] = await response.json()
