@@ -20,9 +20,12 @@ the checkpoint and on the run. A phase may expect a tier and declare what happen
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from worker.sql import queries
 
 if TYPE_CHECKING:
     from worker.store import PhaseCommit, Store
@@ -129,7 +132,7 @@ def build_policy(tiers: Sequence[Tier], phase: str, expect: str | int | None, be
         raise TierDefinitionError(f"phase {phase!r}: below_tier must be one of {BELOW_TIER}")
     if max_retries < 0:
         raise TierDefinitionError(f"phase {phase!r}: max_tier_retries must be >= 0")
-    return TierPolicy(number, below, max_retries)  # type: ignore[arg-type]
+    return TierPolicy(number, cast(BelowTier, below), max_retries)
 
 
 async def grade(tiers: Sequence[Tier], state: Any) -> Grade | None:
@@ -178,10 +181,6 @@ def decide(workflow: Workflow, phase: Phase, seq: int, graded: Grade | None,
 async def commit_room(store: Store, commit: PhaseCommit,
                       outcome: PhaseOutcome) -> tuple[Any, int | None] | None:
     """``commit_phase`` plus the checkpoint's outcome/rerun_of and the run's error/review."""
-    import json
-
-    from worker.sql import queries
-
     successor = commit.successor
     row = await store.pool.fetchrow(
         queries()["room_commit"], commit.workflow_id, commit.branch, commit.seq,
