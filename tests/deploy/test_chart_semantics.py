@@ -124,7 +124,9 @@ def test_restricted_security_on_every_pod_and_container(scenario, rendered):
         assert psc["runAsNonRoot"] is True, name
         assert psc["runAsUser"] == UID, name
         assert psc["seccompProfile"]["type"] == "RuntimeDefault", name
-        assert pod["automountServiceAccountToken"] is False, name
+        # Only the orchestrator reads the Kubernetes API (the fleet view, on by default);
+        # tests/deploy/test_chart_fleet_rbac.py covers the switch.
+        assert pod["automountServiceAccountToken"] is name.endswith("-orchestrator"), name
         assert not pod.get("hostNetwork") and not pod.get("hostPID"), name
         assert all("hostPath" not in v for v in pod.get("volumes", [])), name
         for c in pod["containers"] + pod.get("initContainers", []):

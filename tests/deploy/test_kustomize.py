@@ -38,6 +38,11 @@ def normalize(obj: dict[str, Any]) -> dict[str, Any]:
     obj = copy.deepcopy(obj)
     meta = obj["metadata"]
     meta.pop("namespace", None)
+    # The namespace is chosen at install time, for a binding's ServiceAccount subjects too
+    # (test_rolebinding_subjects_follow_the_namespace checks what kustomize puts there).
+    for subject in obj.get("subjects", []):
+        if subject.get("kind") == "ServiceAccount":
+            subject.pop("namespace", None)
     for label in HELM_ONLY_LABELS:
         meta.get("labels", {}).pop(label, None)
     annotations = {k: v for k, v in meta.get("annotations", {}).items()
@@ -95,3 +100,21 @@ def test_overlay_equals_the_chart(overlay, helm_home):
     assert sorted(actual) == sorted(expected)
     for key, obj in expected.items():
         assert actual[key] == obj, f"{key} differs from the chart"
+
+
+@pytest.mark.parametrize(("directory", "namespace"),
+                         [("base", None), ("overlays/keda", "phasegate"),
+                          ("overlays/eks-fargate", "phasegate")])
+def test_rolebinding_subjects_follow_the_namespace(directory, namespace):
+    """A ServiceAccount subject without a namespace means the binding's own (the base, applied
+    with `kubectl -n`); an overlay's `namespace:` must rewrite it to its own, or the Role is
+    granted to an account in another namespace."""
+    objects = build(directory)
+    accounts = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert bindings
+    for binding in bindings:
+        assert binding["metadata"].get("namespace") == namespace
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts
+            assert subject.get("namespace") == namespace

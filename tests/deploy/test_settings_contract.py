@@ -12,6 +12,19 @@ SCENARIOS = [p.name.removesuffix("-values.yaml") for p in chart.scenarios()]
 DUMMY_DSN = "postgresql://user@db:5432/phasegate"
 
 
+def command_options(container: dict) -> set[str]:
+    """Variables the container's `phasegate` command reads as options, not as Settings
+    (e.g. `phasegate orchestrator --fleet-deployment`, PHASEGATE_FLEET_DEPLOYMENT)."""
+    from orchestrator.cli import main
+
+    command = main.commands[container["args"][0]]
+    names: set[str] = set()
+    for param in command.params:
+        envvar = getattr(param, "envvar", None)
+        names.update([envvar] if isinstance(envvar, str) else envvar or [])
+    return names
+
+
 def container_settings(rendered: chart.Rendered, container: dict) -> dict[str, str]:
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
@@ -35,6 +48,8 @@ def test_every_variable_is_a_setting_and_loads(scenario, rendered):
     for name, pod in r.pod_specs():
         for container in pod["containers"]:
             env = container_settings(r, container)
+            options = command_options(container)
+            env = {k: v for k, v in env.items() if k not in options}
             unknown = [k for k in env if k.removeprefix(ENV_PREFIX).lower() not in fields]
             assert unknown == [], f"{name}: not settings: {unknown}"
             settings = load_settings(**{k.removeprefix(ENV_PREFIX).lower(): v

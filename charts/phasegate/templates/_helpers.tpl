@@ -50,6 +50,11 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The worker Deployment's name: the autoscalers target it and the fleet view reads it. */}}
+{{- define "phasegate.workerDeploymentName" -}}
+{{- printf "%s-worker" (include "phasegate.fullname" .) }}
+{{- end }}
+
 {{/* ServiceAccount name of a component; call with (dict "ctx" $ "component" "worker"). */}}
 {{- define "phasegate.serviceAccountName" -}}
 {{- $sa := index .ctx.Values.serviceAccounts .component }}
@@ -144,6 +149,9 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- end }}
 {{- if not .Values.config.awsRegion }}
 {{- fail "config.awsRegion is required" }}
+{{- end }}
+{{- if and .Values.orchestrator.fleetView.enabled (eq (include "phasegate.serviceAccountName" (dict "ctx" . "component" "orchestrator")) "default") }}
+{{- fail "orchestrator.fleetView.enabled binds a Role to the orchestrator's ServiceAccount, which would be the namespace's \"default\" one (granting every pod that uses it): set serviceAccounts.orchestrator.create or serviceAccounts.orchestrator.name, or set orchestrator.fleetView.enabled false" }}
 {{- end }}
 {{- $pi := .Values.autoscaling.keda.podIdentity }}
 {{- if and $pi.roleArn (eq $pi.identityOwner "workload") }}
