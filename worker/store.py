@@ -70,6 +70,11 @@ class PhaseCommit:
     tier_label: str | None = None
     resource_versions_json: str | None = None
     trace_id: str | None = None
+    # Set only when the phase did not simply advance (see worker/tiers.py).
+    outcome: str | None = None
+    rerun_of: int | None = None
+    error: str | None = None
+    review_json: str | None = None
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
@@ -80,9 +85,17 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
         timeout=connect_timeout_s, command_timeout=60,
         # No session state survives a transaction: safe behind PgBouncer / RDS Proxy.
         server_settings={"application_name": "phasegate"},
+        reset=_no_session_state,
     )
     assert pool is not None
     return pool
+
+
+async def _no_session_state(connection: asyncpg.Connection) -> None:
+    """Release hook of the pool. asyncpg's default sends ``SELECT pg_advisory_unlock_all();
+    CLOSE ALL; UNLISTEN *; RESET ALL`` on every release: a second round trip after every
+    query. phasegate keeps no session state (no SET, LISTEN, session locks or cursors outside
+    a transaction), and asyncpg still rolls back a transaction left open before this runs."""
 
 
 class Store:
@@ -135,7 +148,8 @@ class Store:
             commit.resource_versions_json, commit.worker_id, commit.trace_id,
             successor.dedup_id if successor else None,
             successor.group_id if successor else None,
-            successor.to_json() if successor else None)
+            successor.to_json() if successor else None,
+            commit.outcome, commit.rerun_of, commit.error, commit.review_json)
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]

@@ -25,10 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from worker.sql import queries
-
 if TYPE_CHECKING:
-    from worker.store import PhaseCommit, Store
     from worker.workflow import Phase, Workflow
 
 Grader = Callable[[Any], "Awaitable[bool] | bool"]
@@ -81,10 +78,11 @@ class PhaseOutcome:
     def tier_label(self) -> str | None:
         return self.grade.label if self.grade else None
 
-    @property
-    def plain(self) -> bool:
-        """An ordinary advance that the engine's own commit statement records fully."""
-        return self.action == "advance" and self.rerun_of is None
+    def commit_fields(self) -> dict[str, Any]:
+        """What the commit statement records beyond a plain advance (all None for one)."""
+        return {"outcome": {"retry": "retry", "escalate": "review"}.get(self.action),
+                "rerun_of": self.rerun_of, "error": self.reason,
+                "review_json": json.dumps(self.review) if self.review else None}
 
     @property
     def sends_successor(self) -> bool:
@@ -176,22 +174,3 @@ def decide(workflow: Workflow, phase: Phase, seq: int, graded: Grade | None,
     # The last phase keeps its own name as the run's phase, so approve has a phase to name.
     return PhaseOutcome("escalate", following or phase.name, "awaiting_review", graded,
                         rerun_of, reason, review)
-
-
-async def commit_room(store: Store, commit: PhaseCommit,
-                      outcome: PhaseOutcome) -> tuple[Any, int | None] | None:
-    """``commit_phase`` plus the checkpoint's outcome/rerun_of and the run's error/review."""
-    successor = commit.successor
-    row = await store.pool.fetchrow(
-        queries()["room_commit"], commit.workflow_id, commit.branch, commit.seq,
-        commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
-        commit.next_phase, commit.status, commit.tier, commit.tier_label,
-        commit.resource_versions_json, commit.worker_id, commit.trace_id,
-        successor.dedup_id if successor else None,
-        successor.group_id if successor else None,
-        successor.to_json() if successor else None,
-        {"retry": "retry", "escalate": "review"}.get(outcome.action), outcome.rerun_of,
-        outcome.reason, json.dumps(outcome.review) if outcome.review else None)
-    if row is None or row["committed_at"] is None:
-        return None
-    return row["committed_at"], row["outbox_id"]

@@ -33,7 +33,7 @@ from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
 from worker.steps import PostgresLedger, Steps, StepScope
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
-from worker.tiers import PhaseOutcome, commit_room, decide, grade
+from worker.tiers import PhaseOutcome, decide, grade
 from worker.versions import Corrupt, NeedsRestart, load_verified
 from worker.workflow import NonRetryableError, Registry, Workflow
 
@@ -305,10 +305,9 @@ class PhaseTransition:
             state_hash=state_hash(canonical), next_phase=next_phase,
             status=outcome.status, worker_id=self.config.worker_id, successor=successor,
             tier=outcome.tier, tier_label=outcome.tier_label,
-            resource_versions_json=resources_json)
+            resource_versions_json=resources_json, **outcome.commit_fields())
         commit_started = time.monotonic()
-        result = await (self.store.commit_phase(commit) if outcome.plain
-                        else commit_room(self.store, commit, outcome))
+        result = await self.store.commit_phase(commit)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
             # Another delivery of this message committed first; our side effects were

@@ -56,17 +56,21 @@ LEFT JOIN LATERAL (
 -- name: commit_phase
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.
+-- $18-$21 are null for a phase that simply advanced; a below-tier retry/escalation or a
+-- re-run sets the checkpoint's outcome and rerun_of and the run's error/review.
 WITH run AS (
     UPDATE workflow_runs
-       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = NULL,
-           tier = $10, tier_label = $11, updated_at = now(),
-           finished_at = CASE WHEN $9 = 'completed' THEN now() END
+       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
+           tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
+           updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
      WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
     RETURNING workflow_id
 ), cp AS (
     INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
-                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id)
-    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14,
+           $18, $19
       FROM run
     RETURNING created_at
 ), ob AS (
@@ -221,32 +225,6 @@ SELECT state::text AS state, state_hash, schema_version,
        resource_versions::text AS resource_versions
   FROM checkpoints
  WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND kind = 'phase';
-
--- name: room_commit
--- commit_phase for a phase that did not simply advance (a below-tier retry or escalation) or
--- that was a re-run: the same one statement and the same condition, plus the checkpoint's
--- outcome and rerun_of, and the run's error/review. Keep in step with commit_phase.
-WITH run AS (
-    UPDATE workflow_runs
-       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
-           tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
-           updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
-     WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
-    RETURNING workflow_id
-), cp AS (
-    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
-                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
-                             outcome, rerun_of)
-    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14,
-           $18, $19
-      FROM run
-    RETURNING created_at
-), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
-    RETURNING outbox_id
-)
-SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
 
 -- name: room_settle_run
 -- Stop a run at its door without running a phase: awaiting_review (stale resources, with the
