@@ -38,8 +38,11 @@ class Fleet:
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     finished: list[tuple[WorkerProcess, int]] = field(default_factory=list)
     relay: subprocess.Popen[bytes] | None = None
-    _next_point: int = 0
+    _pending: list[str] = field(default_factory=list)
     _incarnations: Counter[int] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self._pending = list(self.kill_points)
 
     def _spawn(self, args: list[str], name: str, extra: dict[str, str]
                ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -57,10 +60,7 @@ class Fleet:
     def start_worker(self, slot: int) -> WorkerProcess:
         self._incarnations[slot] += 1
         incarnation = self._incarnations[slot]
-        faults = ""
-        if self.armed and self._next_point < len(self.kill_points):
-            faults = self.kill_points[self._next_point]
-            self._next_point += 1
+        faults = self._pending.pop(0) if self.armed and self._pending else ""
         process, path = self._spawn(["worker"], f"worker-{slot}-{incarnation}", {
             "PHASEGATE_WORKER_ID": f"w{slot}.{incarnation}", "PHASEGATE_FAULTS": faults,
             "PHASEGATE_FAULT_SEED": str(self.seed * 1000 + slot * 100 + incarnation)})
@@ -84,6 +84,12 @@ class Fleet:
         worker.expected_exit = "sigkill" if sig == signal.SIGKILL else "sigterm"
         worker.process.send_signal(sig)
         return worker
+
+    def requeue_point(self, worker: WorkerProcess) -> None:
+        """The runner ended ``worker`` before its armed point fired: arm the next one with it,
+        so every scheduled point fires (I6)."""
+        if worker.faults and not FAULT_LINE.search(worker.log.read_text(errors="replace")):
+            self._pending.insert(0, worker.faults)
 
     def alive(self) -> int:
         return sum(1 for w in self.workers.values() if w.process.poll() is None)

@@ -306,6 +306,7 @@ class ChaosRun:
             worker = fleet.signal_worker(slot, signal.SIGKILL)
             await asyncio.to_thread(worker.process.wait)
             fleet.finished.append((worker, worker.process.returncode))
+            fleet.requeue_point(worker)
             fleet.start_worker(slot)
             self.fired["sigkill_worker"] += 1
             self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
@@ -316,13 +317,14 @@ class ChaosRun:
             # so there is nothing to drain. A drain test needs a started worker.
             await self._until_started(fleet, slot)
             worker = fleet.signal_worker(slot, signal.SIGTERM)
-            fleet.start_worker(slot)  # the replacement starts while the old one drains
             try:
                 code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
             except TimeoutError:
                 worker.process.kill()
                 code = await asyncio.to_thread(worker.process.wait)
             fleet.finished.append((worker, code))
+            fleet.requeue_point(worker)
+            fleet.start_worker(slot)
             if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(
                     errors="replace")):
                 # Its armed kill point fired while it drained: a kill (counted from the log).

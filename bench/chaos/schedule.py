@@ -18,7 +18,7 @@ KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "aft
                "after_send")
 
 # SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
-SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped")
+SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped", "outage")
 
 # Poison kinds the runner sends (bench/chaos/poison.py); each must end up quarantined.
 POISON_KINDS = ("not_json", "invalid_envelope", "bad_workflow_id", "extra_field",
@@ -78,10 +78,11 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     spread("poison", 2 * scale, start=3.0)
     # SQS fault windows: each kind gets windows of a few seconds where the proxy injects it.
     for kind in SQS_FAULTS:
-        for _ in range(2 * scale):
-            start = round(rng.uniform(3.0, window - 6.0), 2)
+        for _ in range(1 * scale if kind == "outage" else 2 * scale):
+            start = round(rng.uniform(3.0, window - 20.0), 2)
+            duration = rng.uniform(12.0, 18.0) if kind == "outage" else rng.uniform(2.0, 5.0)
             events.append(Event(start, "sqs_window",
-                                {"fault": kind, "duration_s": round(rng.uniform(2.0, 5.0), 2)}))
+                                {"fault": kind, "duration_s": round(duration, 2)}))
     # Commit cuts are probabilistic per commit statement, but at least one is forced early.
     events.append(Event(round(rng.uniform(3.0, 10.0), 2), "pg_cut_next_commit", {}))
     events.sort(key=lambda e: (e.at_s, e.kind))
@@ -94,5 +95,6 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
                     # High enough that botocore's own retries (5 attempts) sometimes give up
                     # and the engine sees the error.
                     sqs_fault_probability={"throttle": 0.85, "server_error": 0.8,
-                                           "slow": 0.6, "send_response_dropped": 0.7},
+                                           "slow": 0.6, "send_response_dropped": 0.7,
+                                           "outage": 1.0},
                     pg_commit_cut_probability=0.02)

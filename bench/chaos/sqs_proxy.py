@@ -8,7 +8,9 @@ that fault with the window's probability:
 - ``server_error``: 500 ``InternalError`` / 503 ``ServiceUnavailable``;
 - ``slow``: the response is held back 0.5-3 s;
 - ``send_response_dropped``: a send is forwarded and succeeds, then the connection is closed
-  without the response (the sender cannot know the message is in the queue).
+  without the response (the sender cannot know the message is in the queue);
+- ``outage``: every call fails with 503 for several seconds, longer than botocore's own
+  retries last, so the engine itself sees failed receives, sends, deletes and heartbeats.
 
 Every fault that actually fired is counted in ``fired``.
 """
@@ -69,7 +71,8 @@ class SqsFaultProxy:
     def _pick(self, action: str) -> str | None:
         now = time.monotonic()
         self._windows = [w for w in self._windows if w[0] > now]
-        for _, kind, probability in self._windows:
+        # Overlapping windows are tried in random order, so one never hides another.
+        for _, kind, probability in self.rng.sample(self._windows, len(self._windows)):
             if kind == "send_response_dropped" and action not in SEND_ACTIONS:
                 continue
             if self.rng.random() < probability:
@@ -104,9 +107,9 @@ class SqsFaultProxy:
                 "__type": "com.amazonaws.sqs#RequestThrottled", "message": "Rate exceeded"}),
                 {"x-amzn-query-error": "RequestThrottled;Sender"})
             return True
-        if fault == "server_error":
-            self.fired["server_error"] += 1
-            status = self.rng.choice((500, 503))
+        if fault in ("server_error", "outage"):
+            self.fired[fault] += 1
+            status = 503 if fault == "outage" else self.rng.choice((500, 503))
             code = "InternalError" if status == 500 else "ServiceUnavailable"
             await _respond(writer, status, json.dumps({
                 "__type": f"com.amazonaws.sqs#{code}", "message": "injected"}),
