@@ -38,6 +38,7 @@ class Fleet:
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     finished: list[tuple[WorkerProcess, int]] = field(default_factory=list)
     relay: subprocess.Popen[bytes] | None = None
+    fired_points: set[str] = field(default_factory=set)
     _pending: list[str] = field(default_factory=list)
     _incarnations: Counter[int] = field(default_factory=Counter)
 
@@ -57,10 +58,13 @@ class Fleet:
     def start_relay(self) -> None:
         self.relay, _ = self._spawn(["relay"], "relay", {})
 
-    def start_worker(self, slot: int) -> WorkerProcess:
+    def start_worker(self, slot: int, *, arm: bool = True) -> WorkerProcess:
+        """Start (or restart) the worker in ``slot``, armed with the next kill point if
+        ``arm``. Runner-initiated restarts arm; a restart after a kill point fired arms only
+        while some point has never fired yet, so kills stay paced by the schedule."""
         self._incarnations[slot] += 1
         incarnation = self._incarnations[slot]
-        faults = self._pending.pop(0) if self.armed and self._pending else ""
+        faults = self._pending.pop(0) if arm and self.armed and self._pending else ""
         process, path = self._spawn(["worker"], f"worker-{slot}-{incarnation}", {
             "PHASEGATE_WORKER_ID": f"w{slot}.{incarnation}", "PHASEGATE_FAULTS": faults,
             "PHASEGATE_FAULT_SEED": str(self.seed * 1000 + slot * 100 + incarnation)})
@@ -76,7 +80,10 @@ class Fleet:
             if code is not None and worker.expected_exit is None:
                 self.finished.append((worker, code))
                 dead.append(worker)
-                self.start_worker(slot)
+                if worker.faults:
+                    self.fired_points.add(worker.faults.partition("@")[0])
+                upcoming = self._pending[0].partition("@")[0] if self._pending else None
+                self.start_worker(slot, arm=upcoming not in self.fired_points)
         return dead
 
     def signal_worker(self, slot: int, sig: signal.Signals) -> WorkerProcess:

@@ -196,7 +196,7 @@ class ChaosRun:
                 pg.dsn, started=self.started, ledger=downstream.ledger, poisons=self.poisons,
                 faults_expected=self._expected_faults(), faults_fired=fired,
                 drain_s=drain_s, drain_bound_s=config.drain_bound_s)
-            results.append(self._clean_stops(exit_codes))
+            results.append(self._clean_stops(fleet, exit_codes))
             stats = self._stats(log_dir, downstream, began)
         finally:
             if fleet is not None:
@@ -462,13 +462,21 @@ class ChaosRun:
         fired["downstream_response_lost"] = downstream.responses_lost
         return fired
 
-    def _clean_stops(self, exit_codes: dict[str, int]) -> Result:
+    def _clean_stops(self, fleet: Fleet, exit_codes: dict[str, int]) -> Result:
+        """Every process ends by a SIGTERM drain (exit 0) or by an injected SIGKILL; any
+        other death (a crash at startup, an exception) fails the run."""
         bad = {k: v for k, v in exit_codes.items() if v != 0}
         bad_drains = [c for c in self.sigterm_codes if c != 0]
-        return Result("SIGTERM stops are clean (exit 0)", not bad and not bad_drains,
+        crashed = [f"w{w.slot}.{w.incarnation}:{code}" for w, code in fleet.finished
+                   if w.expected_exit is None and not (
+                       code == -signal.SIGKILL
+                       and FAULT_LINE.search(w.log.read_text(errors="replace")))]
+        ok = not bad and not bad_drains and not crashed
+        return Result("processes end only by a clean SIGTERM drain or an injected kill", ok,
                       f"{len(exit_codes)} processes at the end, {len(self.sigterm_codes)} "
-                      f"mid-run drains" + (f"; non-zero: {bad} {bad_drains}"
-                                           if bad or bad_drains else ""))
+                      "mid-run drains" + (f"; non-zero: {bad} {bad_drains}"
+                                          if bad or bad_drains else "")
+                      + (f"; crashed: {crashed[:5]} (see their logs)" if crashed else ""))
 
     def _stats(self, log_dir: Path, downstream: Downstream, began: float) -> dict[str, Any]:
         logs = read_logs(log_dir)

@@ -117,13 +117,22 @@ class SqsFaultProxy:
             return True
         assert self._session is not None
         forward = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
-        async with self._session.request(method, self.upstream + path, data=body,
-                                         headers=forward) as response:
-            payload = await response.read()
-            status = response.status
-            extra = {k: v for k, v in response.headers.items()
-                     if k.lower() not in HOP_BY_HOP and k.lower() != "content-type"}
-            content_type = response.headers.get("content-type", "application/x-amz-json-1.0")
+        try:
+            async with self._session.request(method, self.upstream + path, data=body,
+                                             headers=forward) as response:
+                payload = await response.read()
+                status = response.status
+                extra = {k: v for k, v in response.headers.items()
+                         if k.lower() not in HOP_BY_HOP and k.lower() != "content-type"}
+                content_type = response.headers.get("content-type",
+                                                    "application/x-amz-json-1.0")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # The server itself dropped the call (moto closes idle keep-alive sockets): a 502,
+            # which botocore retries like any gateway error.
+            self.requests["upstream_error"] += 1
+            await _respond(writer, 502, json.dumps({
+                "__type": "com.amazonaws.sqs#InternalError", "message": type(exc).__name__}))
+            return True
         if fault == "slow":
             self.fired["slow"] += 1
             await asyncio.sleep(self.rng.uniform(0.5, 3.0))  # the injected fault itself
