@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import Body, FastAPI, Query, Request, Response
+from fastapi import Body, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
@@ -22,11 +22,13 @@ from orchestrator.fleet import Fleet, FleetView
 from orchestrator.views import (
     CheckpointPage,
     ControlError,
+    Invalid,
     Run,
     RunPage,
     StallReport,
     SummaryRow,
 )
+from worker.access import ROLE_PATTERN
 from worker.queue import Queue
 
 READY_TIMEOUT_S = 3.0
@@ -44,6 +46,10 @@ class StartRequest(BaseModel):
     workflow: str = Field(min_length=1, max_length=200)
     input: Any = None
     id: str | None = Field(default=None, description="Opaque id; a repeat returns the run.")
+    classification: Literal["public", "internal", "sensitive", "regulated"] | None = Field(
+        default=None, description="Default internal; sensitive and regulated need a region.")
+    region: str | None = Field(
+        default=None, description="The store (PHASEGATE_STORES) the run lives in; fixed.")
 
 
 class ActionRequest(BaseModel):
@@ -100,14 +106,16 @@ def create_app(services: Services) -> FastAPI:
               responses={200: {"model": Run, "description": "The run with this id existed"},
                          422: {"description": "Unknown workflow or bad input"}})
     async def start(request: StartRequest, response: Response) -> Run:
-        run, created = await control.start(request.workflow, request.input, request.id)
+        run, created = await control.start(request.workflow, request.input, request.id,
+                                           classification=request.classification,
+                                           region=request.region)
         if not created:
             response.status_code = 200
         return run
 
     @app.get("/v1/workflows/{workflow_id}", response_model=Run, responses=ERRORS)
     async def get_run(workflow_id: str) -> Run:
-        return await control.views.get_run(workflow_id)
+        return await (await control.scoped(workflow_id)).views.get_run(workflow_id)
 
     @app.get("/v1/workflows", response_model=RunPage)
     async def list_runs(
@@ -122,21 +130,30 @@ def create_app(services: Services) -> FastAPI:
     async def checkpoints(
             workflow_id: str, include: Annotated[str | None, Query(pattern="^state$")] = None,
             after: Annotated[int, Query(ge=0)] = 0,
-            limit: Annotated[int, Query(ge=1, le=5000)] = 1000) -> CheckpointPage:
-        return await control.views.checkpoints(workflow_id, include_state=include == "state",
-                                               after=after, limit=limit)
+            limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+            x_phasegate_role: Annotated[str | None, Header(
+                description="The caller's role for the read policy (PHASEGATE_READ_POLICY); "
+                            "set by the authenticating proxy in front of this API.")] = None,
+    ) -> CheckpointPage:
+        if x_phasegate_role is not None and not ROLE_PATTERN.match(x_phasegate_role):
+            raise Invalid("X-Phasegate-Role must be 1-64 chars of [A-Za-z0-9_.:-]")
+        scoped = await control.scoped(workflow_id)
+        return await scoped.views.checkpoints(workflow_id, include_state=include == "state",
+                                              after=after, limit=limit, role=x_phasegate_role)
 
     @app.get("/v1/workflows/{workflow_id}/actions", responses=ERRORS)
     async def actions(workflow_id: str) -> dict[str, Any]:
-        await control.views.get_run(workflow_id)
+        scoped = await control.scoped(workflow_id)
+        await scoped.views.get_run(workflow_id)
         return {"workflow_id": workflow_id,
                 "actions": [a.model_dump(mode="json")
-                            for a in await control.views.actions(workflow_id)]}
+                            for a in await scoped.views.actions(workflow_id)]}
 
     def action_route(name: str) -> None:
         async def act(workflow_id: str,
                       body: Annotated[ActionRequest | None, Body()] = None) -> ActionResponse:
-            outcome: Outcome = await getattr(control, name)(
+            scoped = await control.scoped(workflow_id)
+            outcome: Outcome = await getattr(scoped, name)(
                 workflow_id, body.reason if body else None)
             return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
 

@@ -11,6 +11,7 @@ import httpx
 from orchestrator.control import Control
 from orchestrator.fleet import FleetView
 from orchestrator.views import ControlError
+from worker.access import policy_from
 from worker.queue import SqsQueue
 from worker.settings import Settings
 from worker.store import create_pool
@@ -38,9 +39,11 @@ class Backend(Protocol):
 
 
 class ApiBackend:
-    def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 10.0, role: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.Client(base_url=self.url, timeout=timeout_s)
+        # The read policy's role (docs/governance.md); the API trusts its proxy to set it.
+        headers = {"X-Phasegate-Role": role} if role else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
@@ -85,8 +88,9 @@ class DatabaseBackend:
     """Talks to PostgreSQL (and SQS, to send resuming messages) from this process."""
 
     def __init__(self, settings: Settings, registry: Registry, *,
-                 fleet: FleetView | None = None) -> None:
+                 fleet: FleetView | None = None, role: str | None = None) -> None:
         self.settings = settings
+        self.role = role
         self.registry = registry
         self._fleet = fleet or FleetView.from_environment()
         self._runner = asyncio.Runner()
@@ -107,7 +111,8 @@ class DatabaseBackend:
                 self._queue = await SqsQueue(settings.queue_url,
                                              endpoint_url=settings.sqs_endpoint_url,
                                              region=settings.aws_region).open()
-            self._control = Control(pool, self._queue, self.registry, actor="cli")
+            self._control = Control(pool, self._queue, self.registry, actor="cli",
+                                    read_policy=policy_from(settings.read_policy))
         return self._control
 
     def _do(self, fn: Any) -> dict[str, Any]:
@@ -145,7 +150,8 @@ class DatabaseBackend:
 
     def checkpoints(self, workflow_id: str, include_state: bool) -> dict[str, Any]:
         async def get(control: Control) -> dict[str, Any]:
-            page = await control.views.checkpoints(workflow_id, include_state=include_state)
+            page = await control.views.checkpoints(workflow_id, include_state=include_state,
+                                                   role=self.role)
             return page.model_dump(mode="json")
 
         return self._do(get)

@@ -142,23 +142,33 @@ def migrate(target: int | None) -> None:
     from worker.migrate import migrate as run_migrations
 
     settings = require(settings_from(), "database_url")
-    try:
-        report = asyncio.run(run_migrations(settings.database_url or "", target=target))
-    except OSError as exc:
-        fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {exc}")
-    applied = ", ".join(report.applied) or "nothing to apply"
-    click.echo(f"schema at version {report.current_version} ({applied})")
+    # Every store of PHASEGATE_STORES gets the same schema (the default store first).
+    for region, dsn in sorted(settings.store_map.items(), key=lambda kv: kv[0] != "default"):
+        try:
+            report = asyncio.run(run_migrations(dsn, target=target))
+        except OSError as exc:
+            where = "PHASEGATE_DATABASE_URL" if region == "default" else f"region {region!r}"
+            fail(f"cannot reach PostgreSQL at {where}: {exc}")
+        applied = ", ".join(report.applied) or "nothing to apply"
+        prefix = "" if region == "default" else f"[{region}] "
+        click.echo(f"{prefix}schema at version {report.current_version} ({applied})")
 
 
 @main.command()
 @click.argument("workflow_name")
 @click.option("--input", "input_json", default="null", help="The start input, as JSON.")
 @click.option("--id", "workflow_id", default=None, help="An opaque id (idempotent on it).")
-def start(workflow_name: str, input_json: str, workflow_id: str | None) -> None:
+@click.option("--classification", type=click.Choice(
+    ["public", "internal", "sensitive", "regulated"]), default=None,
+    help="Data classification (default internal); sensitive/regulated need --region.")
+@click.option("--region", default=None,
+              help="The store (a region of PHASEGATE_STORES) the run lives in; fixed at start.")
+def start(workflow_name: str, input_json: str, workflow_id: str | None,
+          classification: str | None, region: str | None) -> None:
     """Start WORKFLOW_NAME; prints the workflow id."""
     from orchestrator.starter import StartError, start_workflow
     from worker.queue import SqsQueue
-    from worker.store import Store
+    from worker.residency import DEFAULT_REGION, RegionalStore, ResidencyError, residency
 
     settings = require(settings_from(), "database_url", "queue_url")
     registry = load_registry(settings)
@@ -170,13 +180,24 @@ def start(workflow_name: str, input_json: str, workflow_id: str | None) -> None:
     except ValueError as exc:
         fail(f"--input is not valid JSON: {exc}", 2)
 
+    try:
+        store_region = residency(classification, region).store_region
+    except ResidencyError as exc:
+        fail(str(exc), 2)
+    dsn = settings.store_map.get(store_region)
+    if dsn is None:  # refused before anything is written anywhere
+        fail(f"refused: no store is configured for region {store_region!r} "
+             f"(PHASEGATE_STORES has {sorted(settings.store_map)})", 2)
+
     async def run() -> None:
-        pool = await _connect_pool(settings)
+        pool = await _connect_pool(settings.model_copy(update={"database_url": dsn}))
         try:
             async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
                                 region=settings.aws_region) as queue:
-                started = await start_workflow(Store(pool), queue, workflow=workflow,
-                                               input=payload, workflow_id=workflow_id)
+                started = await start_workflow(
+                    RegionalStore(pool, store_region or DEFAULT_REGION), queue,
+                    workflow=workflow, input=payload, workflow_id=workflow_id,
+                    classification=classification, region=region)
         except StartError as exc:
             fail(str(exc), 2)
         finally:

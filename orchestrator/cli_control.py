@@ -22,14 +22,16 @@ API_OPTION = click.option(
     help="The orchestrator's URL (PHASEGATE_API_URL); without it, the database directly.")
 
 
-def _backend(api_url: str | None, *, needs_registry: bool = False) -> Backend:
+def _backend(api_url: str | None, *, needs_registry: bool = False,
+             role: str | None = None) -> Backend:
     from orchestrator.cli import load_registry, require, settings_from
 
     settings = settings_from()
     if api_url:
-        return ApiBackend(api_url)
+        return ApiBackend(api_url, role=role)
     require(settings, "database_url")
-    return DatabaseBackend(settings, load_registry(settings, required=needs_registry))
+    return DatabaseBackend(settings, load_registry(settings, required=needs_registry),
+                           role=role)
 
 
 def _fail(error: BackendError) -> None:
@@ -107,11 +109,19 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
 @click.argument("workflow_id")
 @click.option("--state", "include_state", is_flag=True, help="Show each checkpoint's state.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool) -> None:
+@click.option("--role", envvar="PHASEGATE_ROLE", help="Your role for the read policy "
+              "(PHASEGATE_ROLE; PHASEGATE_READ_POLICY decides which phases' state it sees).")
+def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool,
+            role: str | None) -> None:
     """A run and its history: checkpoints and operator actions."""
     import json
 
-    backend = _backend(api_url)
+    from worker.access import ROLE_PATTERN
+
+    if role is not None and not ROLE_PATTERN.match(role):
+        click.echo("phasegate: --role must be 1-64 chars of [A-Za-z0-9_.:-]", err=True)
+        raise SystemExit(2)
+    backend = _backend(api_url, role=role)
     try:
         run = backend.run(workflow_id)
         history = backend.checkpoints(workflow_id, include_state)
@@ -154,40 +164,76 @@ reject = _action_command("reject", "Re-run the phase of a run that is awaiting r
 
 
 @click.command()
-@click.option("--older-than", "older_than", required=True, envvar="PHASEGATE_RETENTION",
-              help="Age of finished runs to delete: 7d, 12h, 30m (PHASEGATE_RETENTION).")
+@click.option("--older-than", "older_than", envvar="PHASEGATE_RETENTION",
+              help="Age of finished runs to delete: 7d, 12h, 30m (PHASEGATE_RETENTION). "
+                   "Without it, PHASEGATE_RETENTION_BY_CLASSIFICATION gives one age per "
+                   "classification.")
+@click.option("--classification", type=click.Choice(
+    ["public", "internal", "sensitive", "regulated"]), help="Only runs of this classification.")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
               help="Runs deleted per statement.")
-def purge(older_than: str, dry_run: bool, batch_size: int) -> None:
-    """Delete finished runs (with checkpoints and outbox rows) older than an age."""
+def purge(older_than: str | None, classification: str | None, dry_run: bool,
+          batch_size: int) -> None:
+    """Delete finished runs (with checkpoints and outbox rows) older than an age, in every
+    store (PHASEGATE_STORES), per classification when retention is set per classification."""
+    from datetime import timedelta
+
     from orchestrator.cli import fail, require, settings_from
-    from orchestrator.purge import parse_age
+    from orchestrator.purge import PurgeReport, parse_age, parse_retention
     from orchestrator.purge import purge as run_purge
+    from worker.residency import DEFAULT_REGION
     from worker.store import create_pool
 
     settings = require(settings_from(), "database_url")
+    ages: dict[str | None, timedelta]
     try:
-        age = parse_age(older_than)
+        if older_than is not None:
+            ages = {classification: parse_age(older_than)}
+        elif settings.retention_by_classification:
+            ages = {k: v for k, v in parse_retention(
+                settings.retention_by_classification).items()
+                if classification in (None, k)}
+        else:
+            fail("--older-than (PHASEGATE_RETENTION) or "
+                 "PHASEGATE_RETENTION_BY_CLASSIFICATION is required", 2)
     except ValueError as exc:
         fail(f"--older-than: {exc}", 2)
 
-    async def run() -> Any:
-        try:
-            pool = await create_pool(settings.database_url or "", min_size=1, max_size=1,
-                                     statement_cache_size=settings.db_statement_cache_size)
-        except Exception as exc:
-            fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {type(exc).__name__}")
-        try:
-            return await run_purge(pool, age, batch_size=batch_size, dry_run=dry_run)
-        finally:
-            await pool.close()
+    async def run() -> list[tuple[str, str | None, PurgeReport]]:
+        reports = []
+        for region, dsn in sorted(settings.store_map.items()):
+            try:
+                pool = await create_pool(dsn, min_size=1, max_size=1,
+                                         statement_cache_size=settings.db_statement_cache_size)
+            except Exception as exc:
+                fail(f"cannot reach the PostgreSQL store of region {region!r}: "
+                     f"{type(exc).__name__}")
+            try:
+                for cls, age in ages.items():
+                    reports.append((region, cls, await run_purge(
+                        pool, age, batch_size=batch_size, dry_run=dry_run,
+                        classification=cls)))
+            finally:
+                await pool.close()
+        return reports
 
-    report = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
-    batches = "" if dry_run else f" in {report.batches} batches"
-    click.echo(f"{verb} {report.runs} runs, {report.checkpoints} checkpoints, "
-               f"{report.outbox} outbox rows finished more than {older_than} ago{batches}")
+    for region, cls, report in asyncio.run(run()):
+        batches = "" if dry_run else f" in {report.batches} batches"
+        where = "" if region == DEFAULT_REGION else f"[{region}] "
+        what = f" {cls}" if cls else ""
+        age = older_than or render_age(report.older_than)
+        click.echo(f"{where}{verb} {report.runs}{what} runs, {report.checkpoints} checkpoints, "
+                   f"{report.outbox} outbox rows finished more than {age} ago{batches}")
+
+
+def render_age(age: Any) -> str:
+    seconds = int(age.total_seconds())
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge]

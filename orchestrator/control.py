@@ -21,8 +21,10 @@ import structlog
 from orchestrator.sql import queries
 from orchestrator.starter import StartError, start_workflow
 from orchestrator.views import Conflict, Invalid, NotFound, Run, Views
+from worker.access import ReadPolicy
 from worker.envelope import dedup_id, message_group_id, phase_message
 from worker.queue import Outgoing, Queue
+from worker.residency import DEFAULT_REGION, RegionalStore, StoreRouter
 from worker.store import Store
 from worker.workflow import Registry
 
@@ -70,20 +72,47 @@ class Control:
     """The write side of the control plane. ``queue`` may be None (the relay then sends)."""
 
     def __init__(self, pool: asyncpg.Pool, queue: Queue | None, registry: Registry | None,
-                 *, actor: str | None = None) -> None:
+                 *, actor: str | None = None, read_policy: ReadPolicy | None = None,
+                 stores: StoreRouter | None = None) -> None:
         self.pool = pool
         self.queue = queue
         self.registry = registry or Registry()
         self.actor = actor
-        self.views = Views(pool)
-        self.store = Store(pool)
+        self.read_policy = read_policy
+        self.views = Views(pool, policy=read_policy, actor=actor)
+        # Starts are checked against the store's region (docs/governance.md); with several
+        # stores, runs are found in the store that holds them (``scoped``).
+        self.stores = stores
+        self.store: Store = stores if stores is not None else RegionalStore(pool)
+        self._scoped: dict[str, Control] = {}
         self._q = queries()
+
+    def in_store(self, store: RegionalStore) -> Control:
+        """This control plane over one regional store (the default store: itself)."""
+        if store.region == DEFAULT_REGION:
+            return self
+        if store.region not in self._scoped:
+            self._scoped[store.region] = Control(
+                store.pool, self.queue, self.registry, actor=self.actor,
+                read_policy=self.read_policy)
+        return self._scoped[store.region]
+
+    async def scoped(self, workflow_id: str) -> Control:
+        """The control plane of the store that holds ``workflow_id`` (NotFound: none)."""
+        if self.stores is None:
+            return self
+        store = await self.stores.locate(workflow_id)
+        if store is None:
+            raise NotFound(f"no workflow run with id {workflow_id!r}")
+        return self.in_store(store)
 
     # -- start --------------------------------------------------------------------------------
 
-    async def start(self, workflow_name: str, input: Any,
-                    workflow_id: str | None = None) -> tuple[Run, bool]:
-        """Start a run (idempotent on ``workflow_id``). Returns the run and whether it is new."""
+    async def start(self, workflow_name: str, input: Any, workflow_id: str | None = None, *,
+                    classification: str | None = None,
+                    region: str | None = None) -> tuple[Run, bool]:
+        """Start a run (idempotent on ``workflow_id``). Returns the run and whether it is new.
+        ``classification``/``region`` fix its store; an unknown region is refused (422)."""
         workflow = self.registry.get(workflow_name)
         if workflow is None:
             raise Invalid(f"unknown workflow {workflow_name!r}; this orchestrator loads "
@@ -92,10 +121,14 @@ class Control:
             raise Conflict("starting runs needs PHASEGATE_QUEUE_URL")
         try:
             started = await start_workflow(self.store, self.queue, workflow=workflow,
-                                           input=input, workflow_id=workflow_id)
+                                           input=input, workflow_id=workflow_id,
+                                           classification=classification, region=region)
         except StartError as exc:
             raise Invalid(str(exc)) from None
-        run = await self.views.get_run(started.workflow_id)
+        views = self.views
+        if self.stores is not None:
+            views = self.in_store(self.stores.for_region(region)).views
+        run = await views.get_run(started.workflow_id)
         if not started.created and run.workflow != workflow.name:
             raise Conflict(f"id {run.workflow_id!r} already belongs to a run of workflow "
                            f"{run.workflow!r}")
@@ -136,6 +169,8 @@ class Control:
             phase, schema_version = self._resume_point(rule, run)
             epoch = run.epoch + 1
             message = phase_message(workflow_id, run.workflow, run.seq, phase)
+            if run.region is not None:  # the worker routes it to the run's store
+                message = message.model_copy(update={"region": run.region})
             dedup = dedup_id(workflow_id, message.branch, run.seq, epoch)
             outbox_id = await self.pool.fetchval(
                 self._q["resume_run"], workflow_id, run.status, run.seq, run.epoch, phase,

@@ -22,7 +22,9 @@ from orchestrator.control import Control
 from orchestrator.exporter import QueueDepthExporter
 from orchestrator.fleet import FleetView
 from orchestrator.relay import Relay
+from worker.access import policy_from
 from worker.queue import SqsQueue
+from worker.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
 from worker.settings import Settings
 from worker.store import Store, create_pool
 from worker.workflow import Registry
@@ -69,6 +71,7 @@ class Orchestrator:
         self._stop = asyncio.Event()
         self._server: _Server | None = None
         self._relay: Relay | None = None
+        self._regional_relays: list[Relay] = []  # one per extra store of PHASEGATE_STORES
         self._exporter: QueueDepthExporter | None = None
 
     @property
@@ -81,6 +84,8 @@ class Orchestrator:
             self._server.should_exit = True
         if self._relay is not None:
             self._relay.stop()
+        for relay in self._regional_relays:
+            relay.stop()
         if self._exporter is not None:
             self._exporter.stop()
 
@@ -92,10 +97,17 @@ class Orchestrator:
                                  connect_timeout_s=settings.db_connect_timeout_s)
         fleet = FleetView.from_environment(deployment=self.options.fleet_deployment,
                                            namespace=self.options.fleet_namespace)
+        regional_pools = contextlib.AsyncExitStack()
         try:
+            # Residency (docs/governance.md): with PHASEGATE_STORES, runs are found in the
+            # store that holds them, and every store's outbox has its own relay.
+            store = await stores_from_settings(settings, pool, regional_pools,
+                                               pool_max=max(2, settings.db_pool_max))
+            router = store if isinstance(store, StoreRouter) else None
             async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
                                 region=settings.aws_region) as queue:
-                control = Control(pool, queue, self.registry, actor="api")
+                control = Control(pool, queue, self.registry, actor="api",
+                                  read_policy=policy_from(settings.read_policy), stores=router)
                 app = create_app(Services(control=control, queue=queue, fleet=fleet))
                 self._server = _Server(uvicorn.Config(
                     app, host=self.options.host, port=self.options.port, log_config=None,
@@ -108,6 +120,15 @@ class Orchestrator:
                                         interval_s=settings.relay_interval_s,
                                         batch=settings.relay_batch)
                     tasks["relay"] = self._relay.run
+                    for region, regional in sorted((router.stores if router else {}).items()):
+                        if region == DEFAULT_REGION:
+                            continue
+                        relay = Relay(store=regional, queue=queue,
+                                      after_s=settings.relay_after_s,
+                                      interval_s=settings.relay_interval_s,
+                                      batch=settings.relay_batch)
+                        self._regional_relays.append(relay)
+                        tasks[f"relay-{region}"] = relay.run
                 self._exporter = QueueDepthExporter(
                     queue=queue, views=control.views,
                     interval_s=self.options.exporter_interval_s)
@@ -117,6 +138,7 @@ class Orchestrator:
                 await self._supervise(tasks)
         finally:
             fleet.close()
+            await regional_pools.aclose()
             await pool.close()
 
     def _listening(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from worker.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
 from worker.queue import Outgoing, Queue
+from worker.residency import ResidencyError, residency
 from worker.store import Store
 from worker.workflow import Registry, Workflow
 
@@ -35,8 +36,17 @@ def resolve_workflow(registry: Registry | None, name: str) -> Workflow | None:
 
 
 async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, input: Any,
-                         workflow_id: str | None = None) -> Started:
-    """Create the run (idempotent on ``workflow_id``) and send its start message."""
+                         workflow_id: str | None = None, classification: str | None = None,
+                         region: str | None = None) -> Started:
+    """Create the run (idempotent on ``workflow_id``) and send its start message.
+
+    ``classification`` (default internal) and ``region`` (required for sensitive and
+    regulated runs) fix the store the run lives in (docs/governance.md); a region with no
+    configured store is refused before anything is written."""
+    try:
+        wanted = residency(classification, region)
+    except ResidencyError as exc:
+        raise StartError(str(exc)) from None
     workflow_id = workflow_id or new_workflow_id()
     if not WORKFLOW_ID_PATTERN.match(workflow_id):
         raise StartError("workflow id must be 1-100 chars of [A-Za-z0-9_.:-] and opaque "
@@ -46,10 +56,16 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
     except (TypeError, ValueError) as exc:
         raise StartError(f"input is not JSON: {exc}") from None
     # The run row holds the input; the message only wakes a worker, so it carries none.
-    message = start_message(workflow_id, workflow.name, None)
-    outbox_id = await store.start_run(
-        workflow_id=workflow_id, workflow=workflow.name, schema_version=workflow.schema_version,
-        input=input, first_phase=workflow.first_phase, message=message)
+    # Classification and region are routing hints, not data: the worker finds the store by them.
+    message = start_message(workflow_id, workflow.name, None).model_copy(
+        update={"classification": wanted.classification, "region": wanted.region})
+    try:
+        outbox_id = await store.start_run(
+            workflow_id=workflow_id, workflow=workflow.name,
+            schema_version=workflow.schema_version, input=input,
+            first_phase=workflow.first_phase, message=message)
+    except ResidencyError as exc:
+        raise StartError(str(exc)) from None
     if outbox_id is None:
         return Started(workflow_id, created=False, sent=False)
     try:

@@ -16,6 +16,8 @@ import asyncpg
 from pydantic import BaseModel
 
 from orchestrator.sql import queries
+from worker import access
+from worker.access import ReadPolicy
 
 UNFINISHED = ("pending", "running", "awaiting_review")
 STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
@@ -64,6 +66,8 @@ class Run(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    classification: str = "internal"
+    region: str | None = None
 
 
 class RunPage(BaseModel):
@@ -84,6 +88,7 @@ class Checkpoint(BaseModel):
     worker_id: str | None
     created_at: datetime
     state: Any = None
+    access: str | None = None  # with state asked for: "read", or "denied" (state withheld)
 
 
 class CheckpointPage(BaseModel):
@@ -151,8 +156,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 class Views:
     """The read side of the control plane over an asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, policy: ReadPolicy | None = None,
+                 actor: str | None = None) -> None:
         self.pool = pool
+        self.policy = policy
+        self.actor = actor
         self._q = queries()
 
     async def get_run(self, workflow_id: str) -> Run:
@@ -187,10 +195,13 @@ class Views:
                        if more else None)
 
     async def checkpoints(self, workflow_id: str, *, include_state: bool = False,
-                          after: int = 0, limit: int = 1000) -> CheckpointPage:
+                          after: int = 0, limit: int = 1000,
+                          role: str | None = None) -> CheckpointPage:
+        """A run's checkpoints; with ``include_state``, each state as the read policy allows
+        for ``role`` -- every read and denial goes to the access log (worker/access.py)."""
         if not 1 <= limit <= MAX_CHECKPOINTS:
             raise Invalid(f"limit must be between 1 and {MAX_CHECKPOINTS}")
-        await self.get_run(workflow_id)
+        run = await self.get_run(workflow_id)
         rows = await self.pool.fetch(self._q["checkpoints"], workflow_id, include_state, after,
                                      limit + 1)
         items = []
@@ -198,6 +209,14 @@ class Views:
             values = dict(row)
             state = values.pop("state")
             items.append(Checkpoint(**values, state=json.loads(state) if state else None))
+        if include_state:
+            allowed = await access.enforce(
+                self.pool, self.policy, workflow_id=workflow_id, workflow=run.workflow,
+                items=items, role=role, actor=self.actor)
+            for item, ok in zip(items, allowed, strict=True):
+                item.access = "read" if ok else "denied"
+                if not ok:
+                    item.state = None
         return CheckpointPage(
             workflow_id=workflow_id, checkpoints=items,
             next_cursor=items[-1].checkpoint_id if len(rows) > limit else None)

@@ -38,6 +38,10 @@ class Envelope(BaseModel):
     branch: str = MAIN_BRANCH
     input: Any = None
     traceparent: str | None = Field(default=None, max_length=55)
+    # Data residency (docs/governance.md): non-secret routing hints. ``region`` names the store
+    # that holds the run (absent: the default store); ``classification`` is read on a start.
+    classification: Literal["public", "internal", "sensitive", "regulated"] | None = None
+    region: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]{0,31}$")
 
     @field_validator("workflow_id")
     @classmethod
@@ -59,6 +63,8 @@ class Envelope(BaseModel):
             raise ValueError(f"a {self.kind} message needs a phase")
         if self.kind != "start" and self.input is not None:
             raise ValueError("only a start message carries input")
+        if self.classification in ("sensitive", "regulated") and self.region is None:
+            raise ValueError(f"a {self.classification} run needs a region")
         return self
 
     @property

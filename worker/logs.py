@@ -8,6 +8,8 @@ from typing import Any
 
 import structlog
 
+from worker.redact import redact_exc_info
+
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -17,6 +19,9 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            # Before any renderer: exceptions as type + fingerprint + frames, never their
+            # message or locals (which may hold workflow state; worker/redact.py).
+            redact_exc_info,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks if not use_console
             else structlog.dev.set_exc_info,

@@ -12,7 +12,13 @@ import socket
 import sys
 from typing import Literal, NoReturn
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.limits import (
@@ -92,6 +98,16 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
 
+    # -- governance (docs/governance.md): regional stores, read policy, retention
+    stores: str | None = Field(
+        default=None,
+        description='JSON {"default": dsn, "<region>": dsn, ...}; unset: one store.',
+    )
+    read_policy: str | None = Field(
+        default=None, description='JSON {"workflow.phase" | "workflow.*" | "*": [role, ...]}.')
+    retention_by_classification: str | None = Field(
+        default=None, description='JSON {"public": "7d", ...}: purge age per classification.')
+
     # -- control plane
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8080, ge=0, le=65535)
@@ -119,6 +135,52 @@ class Settings(BaseSettings):
             raise ValueError("must be an http(s) URL")
         return value
 
+    @field_validator("stores")
+    @classmethod
+    def _stores(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from worker.residency import parse_stores
+
+        if value:
+            default = parse_stores(value).get("default")
+            database_url = info.data.get("database_url")
+            if default and database_url and default != database_url:
+                raise ValueError("its default store differs from PHASEGATE_DATABASE_URL; "
+                                 "set one of them, or both to the same DSN")
+        return value or None
+
+    @field_validator("read_policy")
+    @classmethod
+    def _read_policy(cls, value: str | None) -> str | None:
+        from worker.access import parse_policy
+
+        if value:
+            parse_policy(value)
+        return value or None
+
+    @field_validator("retention_by_classification")
+    @classmethod
+    def _retention(cls, value: str | None) -> str | None:
+        from orchestrator.purge import parse_retention
+
+        if value:
+            parse_retention(value)
+        return value or None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_store(cls, values: object) -> object:
+        """``PHASEGATE_STORES``'s default is the database when DATABASE_URL is unset."""
+        if isinstance(values, dict) and not values.get("database_url") and values.get("stores"):
+            from worker.residency import parse_stores
+
+            try:
+                default = parse_stores(str(values["stores"])).get("default")
+            except ValueError:
+                return values  # the field validator reports it, naming PHASEGATE_STORES
+            if default:
+                values = {**values, "database_url": default}
+        return values
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.heartbeat_s >= self.visibility_timeout_s:
@@ -129,6 +191,16 @@ class Settings(BaseSettings):
         if self.db_pool_min > self.db_pool_max:
             raise ValueError("db_pool_min must not exceed db_pool_max")
         return self
+
+    @property
+    def store_map(self) -> dict[str, str]:
+        """Region -> DSN for every configured store (``default`` included when known)."""
+        from worker.residency import DEFAULT_REGION, parse_stores
+
+        stores = parse_stores(self.stores) if self.stores else {}
+        if self.database_url:
+            stores.setdefault(DEFAULT_REGION, self.database_url)
+        return stores
 
     @property
     def module_list(self) -> list[str]:

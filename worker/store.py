@@ -40,6 +40,9 @@ class RunPosition:
     state_hash: str | None
     state_version: int | None
     progress_json: str | None
+    # Data residency (worker/residency.py): fixed at start.
+    classification: str = "internal"
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ class Store:
             current_phase=row["current_phase"], schema_version=row["schema_version"],
             input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
             state_json=row["state"], state_hash=row["state_hash"],
-            state_version=row["state_version"], progress_json=row["progress"])
+            state_version=row["state_version"], progress_json=row["progress"],
+            classification=row["classification"], region=row["region"])
 
     async def commit_phase(self, commit: PhaseCommit) -> tuple[datetime, int | None] | None:
         """Run the one commit statement. None when the run was no longer at this seq."""

@@ -5,7 +5,8 @@
 
 -- name: get_run
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
-       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at
+       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
+       classification, region
   FROM workflow_runs
  WHERE workflow_id = $1;
 
@@ -13,7 +14,8 @@ SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
 -- Newest first, keyset-paginated on (created_at, workflow_id). `/*filters*/` is replaced by
 -- fixed `AND column = $n` fragments (never by request text); see orchestrator/views.py.
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
-       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at
+       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
+       classification, region
   FROM workflow_runs
  WHERE true /*filters*/
  ORDER BY created_at DESC, workflow_id DESC
@@ -106,12 +108,14 @@ SELECT workflow_id FROM run;
 
 -- name: purge_count
 -- What `phasegate purge` would delete: finished runs older than $1 (and older than their own
--- retention, when a run has one), with their checkpoints and outbox rows.
+-- retention, when a run has one; of classification $2 when given), with their checkpoints and
+-- outbox rows.
 WITH victims AS (
     SELECT workflow_id FROM workflow_runs
      WHERE status IN ('completed', 'failed', 'cancelled')
        AND finished_at < now() - $1::interval
        AND (retention IS NULL OR finished_at < now() - retention)
+       AND ($2::text IS NULL OR classification = $2)
 )
 SELECT (SELECT count(*) FROM victims) AS runs,
        (SELECT count(*) FROM checkpoints c JOIN victims v USING (workflow_id)) AS checkpoints,
@@ -125,6 +129,7 @@ WITH victims AS (
      WHERE status IN ('completed', 'failed', 'cancelled')
        AND finished_at < now() - $1::interval
        AND (retention IS NULL OR finished_at < now() - retention)
+       AND ($3::text IS NULL OR classification = $3)
      ORDER BY finished_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED

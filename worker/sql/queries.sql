@@ -30,12 +30,12 @@ WITH claimed AS (
     UPDATE workflow_runs SET status = 'running', updated_at = now()
     WHERE workflow_id = $1 AND status = 'pending'
     RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
-              schema_version, input::text AS input, attempts, epoch
+              schema_version, input::text AS input, attempts, epoch, classification, region
 ), run AS (
     SELECT * FROM claimed
     UNION ALL
     SELECT workflow_id, workflow, status, next_seq, base_seq, current_phase,
-           schema_version, input::text, attempts, epoch
+           schema_version, input::text, attempts, epoch, classification, region
     FROM workflow_runs r
     WHERE r.workflow_id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
 )
