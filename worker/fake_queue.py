@@ -86,8 +86,11 @@ class InMemoryFifoQueue:
                 return taken
             event = self._event()
             event.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands
+            # as the event fires, and the caller's stop would then wait out the whole poll.
             with suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(remaining, 0.05))
+                async with asyncio.timeout(min(remaining, 0.05)):
+                    await event.wait()
 
     def _by_receipt(self, receipt: str) -> _Message | None:
         return next((m for m in self._messages if m.receipt == receipt), None)

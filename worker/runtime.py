@@ -19,13 +19,14 @@ from typing import Any
 
 import structlog
 
-from worker import metrics
+from worker import metrics, redact
 from worker.batcher import MicroBatcher
 from worker.emergency import EmergencyController
 from worker.faults import Faults
 from worker.limits import SQS_MAX_RECEIVE_BATCH
 from worker.probes import ProbeServer
-from worker.queue import Queue, QueueError, Received, SqsQueue
+from worker.queue import Outgoing, Queue, QueueError, Received, SqsQueue
+from worker.residency import StoreRouter, stores_from_settings
 from worker.settings import Settings
 from worker.sql import migration_files
 from worker.store import Store, create_pool
@@ -152,6 +153,7 @@ class Worker:
             deleter = MicroBatcher[str](self.queue.delete)
             releaser = MicroBatcher[tuple[str, int]](self.queue.change_visibility)
             mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=500, max_concurrent=2)
+            sender = MicroBatcher[Outgoing](self.queue.send)
             self._delete, self._release = deleter.submit, releaser.submit
             self.transition = PhaseTransition(
                 store=self.store, queue=self.queue, dlq=self.dlq, registry=self.registry,
@@ -162,10 +164,13 @@ class Worker:
                     retry_backoff_s=self.settings.retry_backoff_s,
                     retry_backoff_max_s=self.settings.retry_backoff_max_s,
                     stale_after_s=self.settings.stale_after_s),
-                faults=self.faults, mark_sent=mark_sent)
+                faults=self.faults, sender=sender,
+                # Outbox ids are per database: with several stores, mark each in its own.
+                mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent)
             side = {asyncio.create_task(coro, name=name) for name, coro in (
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
-                ("releaser", releaser.run()), ("mark_sent", mark_sent.run()))}
+                ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
+                ("sender", sender.run()))}
             emergency = EmergencyController(self, self.watchdog_settings)
             watchdog: Watchdog | None = start_watchdog(
                 self.watchdog_settings, asyncio.get_running_loop(), emergency.submit)
@@ -220,7 +225,8 @@ class Worker:
                         statement_cache_size=self.settings.db_statement_cache_size,
                         connect_timeout_s=self.settings.db_connect_timeout_s)
                     stack.push_async_callback(pool.close)
-                    self.store = Store(pool)
+                    # One RegionalStore, or a router over PHASEGATE_STORES (docs/governance.md).
+                    self.store = await stores_from_settings(self.settings, pool, stack)
                 except Exception as exc:
                     waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if self.queue is None:
@@ -353,7 +359,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug, not a phase error: let the lease expire
-                log.exception("transition_crashed", error=repr(exc)[:300])
+                log.error("transition_crashed", **redact.describe(exc))
                 settlement = Settlement(Action.RELEASE, "crashed",
                                         self.settings.visibility_timeout_s)
             await self._settle(message, settlement)

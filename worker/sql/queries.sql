@@ -43,12 +43,17 @@ SELECT run.*,
        c.state::text AS state, c.state_hash, c.schema_version AS state_version,
        e.state::text AS progress
 FROM run
-LEFT JOIN checkpoints c
-       ON c.workflow_id = run.workflow_id AND c.branch = $2
-      AND c.seq = run.next_seq - 1 AND c.kind = 'phase'
+-- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
+-- checkpoint of the run and filter afterwards, a cost that grew with every phase.
+LEFT JOIN LATERAL (
+    SELECT state, state_hash, schema_version FROM checkpoints c
+    WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = run.next_seq - 1
+      AND c.kind = 'phase'
+    LIMIT 1
+) c ON true
 LEFT JOIN LATERAL (
     SELECT state FROM checkpoints e
-    WHERE e.workflow_id = run.workflow_id AND e.branch = $2
+    WHERE e.workflow_id = $1 AND e.branch = $2
       AND e.seq = run.next_seq AND e.kind = 'emergency'
     ORDER BY e.checkpoint_id DESC LIMIT 1
 ) e ON true;
