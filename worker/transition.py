@@ -21,32 +21,13 @@ import asyncpg
 import structlog
 from pydantic import ValidationError
 
-from worker import metrics, redact, residency, tracing
+from worker import metrics
 from worker.batcher import MicroBatcher
-from worker.branches import (
-    BranchPosition,
-    BranchResult,
-    ForkPlan,
-    Premature,
-    commit_branch,
-    commit_fork,
-    load_branch,
-    merge_input,
-)
-from worker.branches import halt as halt_branch
-from worker.branches import record_failure as record_branch_failure
 from worker.context import Context
 from worker.door import Door, Halt
 from worker.door import enter as enter_door
 from worker.door import settle as settle_door
-from worker.envelope import (
-    MAIN_BRANCH,
-    WORKFLOW_ID_PATTERN,
-    Envelope,
-    canonical_json,
-    phase_message,
-    state_hash,
-)
+from worker.envelope import Envelope, canonical_json, phase_message, state_hash
 from worker.faults import Faults
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
@@ -129,12 +110,10 @@ class PhaseTransition:
             if isinstance(parsed, Poison):
                 return await self.quarantine(message, parsed)
             envelope, workflow = parsed
-            with residency.route(self.store, envelope), structlog.contextvars.bound_contextvars(
+            with structlog.contextvars.bound_contextvars(
                     workflow_id=envelope.workflow_id, seq=envelope.seq, branch=envelope.branch,
-                    workflow=envelope.workflow), tracing.phase_span(envelope) as span:
-                settlement = await self.check_and_run(message, envelope, workflow)
-                span.set("phasegate.outcome", settlement.outcome)
-                return settlement
+                    workflow=envelope.workflow):
+                return await self.check_and_run(message, envelope, workflow)
         except DATABASE_DOWN as exc:
             metrics.DB_ERRORS.inc()
             log.warning("database_unavailable", error=type(exc).__name__,
@@ -159,8 +138,7 @@ class PhaseTransition:
             kinds = sorted({e["type"] for e in exc.errors()})
             wid = raw.get("workflow_id") if isinstance(raw, dict) else None
             return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                          wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.match(wid)
-                          else None)
+                          wid if isinstance(wid, str) and len(wid) <= 100 else None)
         workflow = self.registry.get(envelope.workflow)
         if workflow is None:
             return Poison("unknown_workflow",
@@ -169,9 +147,6 @@ class PhaseTransition:
         if envelope.phase is not None and workflow.get_phase(envelope.phase) is None:
             return Poison("unknown_phase", f"workflow {workflow.name} has no such phase "
                           f"(phases: {[p.name for p in workflow.phases]})", envelope.workflow_id)
-        unroutable = residency.unroutable(self.store, envelope)
-        if unroutable is not None:  # refused before anything is written anywhere
-            return Poison("unknown_region", unroutable, envelope.workflow_id)
         return envelope, workflow
 
     # -- 2. check -----------------------------------------------------------------------------
@@ -180,10 +155,7 @@ class PhaseTransition:
                             workflow: Workflow) -> Settlement:
         if envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
-        # A branch (worker/branches.py) has its own position; main's is the run row.
-        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
-                          if envelope.branch == MAIN_BRANCH
-                          else load_branch(self.store, envelope.workflow_id, envelope.branch))
+        position = await self.store.load_for_phase(envelope.workflow_id, envelope.branch)
         if position is None:
             return await self.quarantine(message, Poison(
                 "no_run", "phase message for a run that does not exist", envelope.workflow_id))
@@ -217,14 +189,7 @@ class PhaseTransition:
             return await self.halt_at_door(position, door)
         if door.rerun:
             phase_name, state = door.phase or phase_name, door.state
-        # A merge phase also receives its branches' final states (ctx.merged).
-        merged = await merge_input(self.store, workflow, position, phase_name, envelope.branch)
-        if isinstance(merged, Premature):
-            log.warning("merge_before_fan_in", phase=phase_name)
-            return Settlement(Action.DELETE, "premature")
-        if isinstance(merged, Halt):
-            return await self.halt_at_door(position, merged)
-        return await self.run(envelope, workflow, phase_name, position, state, door, merged)
+        return await self.run(envelope, workflow, phase_name, position, state, door)
 
     async def load_state(self, position: RunPosition, workflow: Workflow) -> Any:
         """The state committed at the previous door, verified; or a Settlement that halts."""
@@ -246,10 +211,7 @@ class PhaseTransition:
             return await self.halt(position, "needs_restart", str(exc))
 
     async def halt(self, position: RunPosition, status: str, reason: str) -> Settlement:
-        if isinstance(position, BranchPosition):
-            await halt_branch(self.store, position, status, reason)
-        else:
-            await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
+        await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
         log.warning("run_halted", status=status, reason=reason)
         return Settlement(Action.DELETE, status)
 
@@ -261,8 +223,7 @@ class PhaseTransition:
     # -- 3. run -------------------------------------------------------------------------------
 
     async def run(self, envelope: Envelope, workflow: Workflow, phase_name: str,
-                  position: RunPosition, state: Any, door: Door | None = None,
-                  merged: list[BranchResult] | None = None) -> Settlement:
+                  position: RunPosition, state: Any, door: Door | None = None) -> Settlement:
         door = door or Door()
         phase = workflow.get_phase(phase_name)
         assert phase is not None
@@ -275,7 +236,7 @@ class PhaseTransition:
             tier_attempt=door.tier_attempt, observed=Observations(workflow, door.resources),
             steps=Steps(PostgresLedger(self.store.pool), StepScope(
                 envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
-                self.faults), merged=merged or [], workflow_def=workflow)
+                self.faults))
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
@@ -301,22 +262,19 @@ class PhaseTransition:
         # The durable part runs to its end even if shutdown cancels this task.
         durable = asyncio.ensure_future(self.commit_and_emit(
             envelope, workflow, phase_name, canonical, position, started, outcome,
-            ctx.observed.to_json(), ctx.fork_plan))
+            ctx.observed.to_json()))
         self.durable.add(durable)
         durable.add_done_callback(self.durable.discard)
         return await asyncio.shield(durable)
 
     async def fail(self, envelope: Envelope, phase_name: str, started: float,
                    exc: BaseException, *, retryable: bool) -> Settlement:
-        # Type, fingerprint and frames only: a user exception's message may echo state.
-        described = redact.describe(exc)
-        error = described["error"]
-        log.error("phase_error", phase=phase_name, retryable=retryable, **described)
-        limit = self.config.max_attempts if retryable else 0
-        result = await (self.store.record_failure(envelope.workflow_id, envelope.seq, error, limit)
-                        if envelope.branch == MAIN_BRANCH else record_branch_failure(
-                            self.store, envelope.workflow_id, envelope.branch, envelope.seq,
-                            error, limit))
+        error = f"{type(exc).__name__}: {str(exc)[:ERROR_TEXT_LIMIT]}"
+        log.error("phase_error", phase=phase_name, error_type=type(exc).__name__,
+                  retryable=retryable, exc_info=exc)
+        result = await self.store.record_failure(
+            envelope.workflow_id, envelope.seq, error,
+            self.config.max_attempts if retryable else 0)
         if result is None:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
@@ -334,8 +292,7 @@ class PhaseTransition:
     async def commit_and_emit(self, envelope: Envelope, workflow: Workflow, phase_name: str,
                               canonical: str, position: RunPosition, started: float,
                               outcome: PhaseOutcome | None = None,
-                              resources_json: str | None = None,
-                              fork: ForkPlan | None = None) -> Settlement:
+                              resources_json: str | None = None) -> Settlement:
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
@@ -344,7 +301,6 @@ class PhaseTransition:
         successor = (phase_message(envelope.workflow_id, workflow.name, envelope.seq + 1,
                                    outcome.next_phase, envelope.branch, envelope.traceparent)
                      if outcome.next_phase and outcome.sends_successor else None)
-        successor = residency.carry(envelope, tracing.propagate(envelope, successor))
         commit = PhaseCommit(
             workflow_id=envelope.workflow_id, branch=envelope.branch, seq=envelope.seq,
             phase=phase_name, schema_version=workflow.schema_version, state_json=canonical,
@@ -353,12 +309,7 @@ class PhaseTransition:
             tier=outcome.tier, tier_label=outcome.tier_label,
             resource_versions_json=resources_json, **outcome.commit_fields())
         commit_started = time.monotonic()
-        if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
-            return await self.commit_branching(envelope, workflow, commit, position, fork,
-                                               started, commit_started)
-        with tracing.commit_span(envelope) as span:
-            result = await self.store.commit_phase(commit)
-            span.set("checkpoint.success", result is not None)
+        result = await self.store.commit_phase(commit)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
             # Another delivery of this message committed first; our side effects were
@@ -374,28 +325,6 @@ class PhaseTransition:
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
 
-    async def commit_branching(self, envelope: Envelope, workflow: Workflow,
-                               commit: PhaseCommit, position: RunPosition,
-                               fork: ForkPlan | None, started: float,
-                               commit_started: float) -> Settlement:
-        """A fork, or a phase in a branch (worker/branches.py commits; the fan-in is decided
-        inside the branch's commit transaction). Then every message it left is sent."""
-        with tracing.commit_span(envelope) as span:
-            if isinstance(position, BranchPosition):
-                done = await commit_branch(self.store, commit, position, envelope, workflow)
-            else:
-                assert fork is not None
-                done = await commit_fork(self.store, commit, fork, envelope)
-            span.set("checkpoint.success", done.committed)
-        metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
-        if done.committed:
-            self.faults.hit("after_commit")
-            # A fork's start messages go out together (one SendMessageBatch with a sender).
-            await asyncio.gather(*(self.emit(row, commit_started) for row in done.outbox))
-            self.faults.hit("after_send")
-        self._log_phase(envelope, commit.phase, started, done.label, tier=commit.tier)
-        return Settlement(Action.DELETE, done.label)
-
     async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
         """Send an outbox row and mark it sent. On failure the relay sends it later.
 
@@ -404,11 +333,10 @@ class PhaseTransition:
         again by the relay, and SQS drops it by its deduplication id)."""
         message = Outgoing(row.body, row.group_id, row.dedup_id)
         try:
-            with tracing.send_span("queue"):
-                if self._sender is not None:
-                    await self._sender.submit(message)
-                else:
-                    await self.queue.send([message])
+            if self._sender is not None:
+                await self._sender.submit(message)
+            else:
+                await self.queue.send([message])
         except Exception as exc:
             metrics.SQS_ERRORS.labels("send").inc()
             log.warning("emit_failed_relay_will_send", error=type(exc).__name__)
@@ -432,12 +360,9 @@ class PhaseTransition:
         """DLQ + a quarantine row with a reason (no payload data), then delete."""
         body_bytes = len(message.body.encode())
         try:
-            with tracing.send_span("dlq"):
-                # Never the input or unknown fields: see worker/redact.py.
-                await self.dlq.send([Outgoing(
-                    redact.dlq_body(message.body, poison.code),
-                    message.group_id or "quarantine",
-                    state_hash(f"quarantine:{message.message_id}"))])
+            await self.dlq.send([Outgoing(
+                message.body, message.group_id or "quarantine",
+                state_hash(f"quarantine:{message.message_id}"))])
         except QueueError as exc:
             metrics.SQS_ERRORS.labels("dlq_send").inc()
             log.error("quarantine_dlq_send_failed", error=str(exc))
