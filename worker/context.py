@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from worker.branches import BranchResult, ForkPlan, plan_fork
 from worker.staleness import Observations
 from worker.steps import Category, Steps
+
+if TYPE_CHECKING:
+    from worker.workflow import Workflow
 
 
 @dataclass
@@ -43,6 +47,10 @@ class Context:
     tier_attempt: int = 1
     steps: Steps | None = field(default=None, repr=False)
     observed: Observations = field(default_factory=Observations, repr=False)
+    # Branches (worker/branches.py): a merge phase's inputs, and a fork this phase asked for.
+    merged: list[BranchResult] = field(default_factory=list, repr=False)
+    workflow_def: Workflow | None = field(default=None, repr=False)
+    fork_plan: ForkPlan | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -85,6 +93,23 @@ class Context:
     def observe(self, resource_id: str, resource_type: str, version_token: str | int) -> None:
         """Record that this phase relied on ``resource_id`` at ``version_token``."""
         self.observed.observe(resource_id, resource_type, version_token)
+
+    # -- branches -------------------------------------------------------------------------
+
+    def fork(self, inputs: Sequence[Any] | Mapping[str, Any], *, merge: str,
+             mode: str = "all", win_tier: str | int | None = None) -> list[str]:
+        """Fork one branch per input when this phase commits; returns the branch names.
+
+        Each branch runs the phases between this one and ``merge`` (declared with
+        ``@wf.merge``) from its input, in parallel. ``mode="all"``: ``merge`` runs once every
+        branch has finished, with all their final states in ``ctx.merged``. ``mode="race"``:
+        the first branch to finish -- or to reach ``win_tier`` -- wins and the others are
+        discarded. The fork is written with this phase's checkpoint, in one statement."""
+        if self.fork_plan is not None:
+            raise RuntimeError("ctx.fork was already called in this phase")
+        self.fork_plan = plan_fork(self.workflow_def, self.phase, self.seq, self.branch,
+                                   inputs, merge, mode, win_tier)
+        return self.fork_plan.names
 
     def _steps(self) -> Steps:
         if self.steps is None:

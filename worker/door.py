@@ -55,7 +55,8 @@ class Halt:
 
 async def enter(store: Store, workflow: Workflow, position: RunPosition, branch: str,
                 stale_after_s: float) -> Door | Halt:
-    if not workflow.uses_room or position.next_seq == position.base_seq:
+    # Branches (worker/branches.py) run without reviews, re-runs or staleness checks.
+    if not workflow.uses_room or position.next_seq == position.base_seq or branch != "main":
         return Door()
     seq = position.next_seq
     row = await store.pool.fetchrow(queries()["room_entry"], position.workflow_id, branch, seq)

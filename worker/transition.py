@@ -23,11 +23,23 @@ from pydantic import ValidationError
 
 from worker import metrics
 from worker.batcher import MicroBatcher
+from worker.branches import (
+    BranchPosition,
+    BranchResult,
+    ForkPlan,
+    Premature,
+    commit_branch,
+    commit_fork,
+    load_branch,
+    merge_input,
+)
+from worker.branches import halt as halt_branch
+from worker.branches import record_failure as record_branch_failure
 from worker.context import Context
 from worker.door import Door, Halt
 from worker.door import enter as enter_door
 from worker.door import settle as settle_door
-from worker.envelope import Envelope, canonical_json, phase_message, state_hash
+from worker.envelope import MAIN_BRANCH, Envelope, canonical_json, phase_message, state_hash
 from worker.faults import Faults
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
@@ -155,7 +167,10 @@ class PhaseTransition:
                             workflow: Workflow) -> Settlement:
         if envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
-        position = await self.store.load_for_phase(envelope.workflow_id, envelope.branch)
+        # A branch (worker/branches.py) has its own position; main's is the run row.
+        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
+                          if envelope.branch == MAIN_BRANCH
+                          else load_branch(self.store, envelope.workflow_id, envelope.branch))
         if position is None:
             return await self.quarantine(message, Poison(
                 "no_run", "phase message for a run that does not exist", envelope.workflow_id))
@@ -189,7 +204,14 @@ class PhaseTransition:
             return await self.halt_at_door(position, door)
         if door.rerun:
             phase_name, state = door.phase or phase_name, door.state
-        return await self.run(envelope, workflow, phase_name, position, state, door)
+        # A merge phase also receives its branches' final states (ctx.merged).
+        merged = await merge_input(self.store, workflow, position, phase_name, envelope.branch)
+        if isinstance(merged, Premature):
+            log.warning("merge_before_fan_in", phase=phase_name)
+            return Settlement(Action.DELETE, "premature")
+        if isinstance(merged, Halt):
+            return await self.halt_at_door(position, merged)
+        return await self.run(envelope, workflow, phase_name, position, state, door, merged)
 
     async def load_state(self, position: RunPosition, workflow: Workflow) -> Any:
         """The state committed at the previous door, verified; or a Settlement that halts."""
@@ -211,7 +233,10 @@ class PhaseTransition:
             return await self.halt(position, "needs_restart", str(exc))
 
     async def halt(self, position: RunPosition, status: str, reason: str) -> Settlement:
-        await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
+        if isinstance(position, BranchPosition):
+            await halt_branch(self.store, position, status, reason)
+        else:
+            await self.store.halt_run(position.workflow_id, position.next_seq, status, reason)
         log.warning("run_halted", status=status, reason=reason)
         return Settlement(Action.DELETE, status)
 
@@ -223,7 +248,8 @@ class PhaseTransition:
     # -- 3. run -------------------------------------------------------------------------------
 
     async def run(self, envelope: Envelope, workflow: Workflow, phase_name: str,
-                  position: RunPosition, state: Any, door: Door | None = None) -> Settlement:
+                  position: RunPosition, state: Any, door: Door | None = None,
+                  merged: list[BranchResult] | None = None) -> Settlement:
         door = door or Door()
         phase = workflow.get_phase(phase_name)
         assert phase is not None
@@ -236,7 +262,7 @@ class PhaseTransition:
             tier_attempt=door.tier_attempt, observed=Observations(workflow, door.resources),
             steps=Steps(PostgresLedger(self.store.pool), StepScope(
                 envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
-                self.faults))
+                self.faults), merged=merged or [], workflow_def=workflow)
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
@@ -262,7 +288,7 @@ class PhaseTransition:
         # The durable part runs to its end even if shutdown cancels this task.
         durable = asyncio.ensure_future(self.commit_and_emit(
             envelope, workflow, phase_name, canonical, position, started, outcome,
-            ctx.observed.to_json()))
+            ctx.observed.to_json(), ctx.fork_plan))
         self.durable.add(durable)
         durable.add_done_callback(self.durable.discard)
         return await asyncio.shield(durable)
@@ -272,9 +298,11 @@ class PhaseTransition:
         error = f"{type(exc).__name__}: {str(exc)[:ERROR_TEXT_LIMIT]}"
         log.error("phase_error", phase=phase_name, error_type=type(exc).__name__,
                   retryable=retryable, exc_info=exc)
-        result = await self.store.record_failure(
-            envelope.workflow_id, envelope.seq, error,
-            self.config.max_attempts if retryable else 0)
+        limit = self.config.max_attempts if retryable else 0
+        result = await (self.store.record_failure(envelope.workflow_id, envelope.seq, error, limit)
+                        if envelope.branch == MAIN_BRANCH else record_branch_failure(
+                            self.store, envelope.workflow_id, envelope.branch, envelope.seq,
+                            error, limit))
         if result is None:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
@@ -292,7 +320,8 @@ class PhaseTransition:
     async def commit_and_emit(self, envelope: Envelope, workflow: Workflow, phase_name: str,
                               canonical: str, position: RunPosition, started: float,
                               outcome: PhaseOutcome | None = None,
-                              resources_json: str | None = None) -> Settlement:
+                              resources_json: str | None = None,
+                              fork: ForkPlan | None = None) -> Settlement:
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
@@ -309,6 +338,9 @@ class PhaseTransition:
             tier=outcome.tier, tier_label=outcome.tier_label,
             resource_versions_json=resources_json, **outcome.commit_fields())
         commit_started = time.monotonic()
+        if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
+            return await self.commit_branching(envelope, workflow, commit, position, fork,
+                                               started, commit_started)
         result = await self.store.commit_phase(commit)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
@@ -324,6 +356,26 @@ class PhaseTransition:
         self.faults.hit("after_send")
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
+
+    async def commit_branching(self, envelope: Envelope, workflow: Workflow,
+                               commit: PhaseCommit, position: RunPosition,
+                               fork: ForkPlan | None, started: float,
+                               commit_started: float) -> Settlement:
+        """A fork, or a phase in a branch (worker/branches.py commits; the fan-in is decided
+        inside the branch's commit transaction). Then every message it left is sent."""
+        if isinstance(position, BranchPosition):
+            done = await commit_branch(self.store, commit, position, envelope, workflow)
+        else:
+            assert fork is not None
+            done = await commit_fork(self.store, commit, fork, envelope)
+        metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
+        if done.committed:
+            self.faults.hit("after_commit")
+            # A fork's start messages go out together (one SendMessageBatch with a sender).
+            await asyncio.gather(*(self.emit(row, commit_started) for row in done.outbox))
+            self.faults.hit("after_send")
+        self._log_phase(envelope, commit.phase, started, done.label, tier=commit.tier)
+        return Settlement(Action.DELETE, done.label)
 
     async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
         """Send an outbox row and mark it sent. On failure the relay sends it later.

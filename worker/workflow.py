@@ -65,6 +65,8 @@ class Workflow:
             raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from None
         self.upcasters: dict[int, Upcaster] = {}
         self.version_fetchers: dict[str, VersionFetcher] = {}
+        # Phases declared with ``merge()``: where ``ctx.fork`` may merge (worker/branches.py).
+        self.merge_phases: set[str] = set()
 
     def phase(self, name: str, *, expect_tier: str | int | None = None,
               below_tier: str = "advance",
@@ -92,6 +94,15 @@ class Workflow:
                                        policy=policy)
             return fn
 
+        return register
+
+    def merge(self, name: str, **kwargs: Any) -> Callable[[PhaseFn], PhaseFn]:
+        """Register the next phase as a merge phase: the one a ``ctx.fork(...,
+        merge=name)`` fans in to. It runs once on the main chain after the fork is resolved,
+        with the forking phase's state and the branches' final states in ``ctx.merged``
+        (see worker/branches.py). Takes the same options as ``phase()``."""
+        register = self.phase(name, **kwargs)
+        self.merge_phases.add(name)
         return register
 
     def upcast(self, *, from_version: int) -> Callable[[Upcaster], Upcaster]:
