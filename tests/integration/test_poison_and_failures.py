@@ -74,7 +74,12 @@ async def test_every_kind_of_poison_is_quarantined_and_work_continues(settings):
             if not batch:
                 break
             bodies += [m.body for m in batch]
-    assert sorted(bodies) == sorted(POISON.values())
+    # The DLQ gets the routing fields only; input and unparseable bodies are digested
+    # (worker/redact.py).
+    assert len(bodies) == len(POISON)
+    for body in bodies:
+        assert "secret-ish" not in body and "@x.com" not in body
+        assert "phasegate_quarantined" in json.loads(body)
     depth = await _depth(settings)
     assert depth == (0, 0)
 
@@ -116,9 +121,10 @@ async def test_phase_that_keeps_failing_ends_failed_with_error_and_no_traceback(
     rows = {r["workflow_id"]: r for r in await fetch(
         settings.database_url, "SELECT workflow_id, attempts, error FROM workflow_runs")}
     assert rows[wid]["attempts"] == 3
-    assert rows[wid]["error"] == "RuntimeError: always fails"
+    # Type + fingerprint of the message, never the message (it may echo state).
+    assert rows[wid]["error"].startswith("RuntimeError (message withheld: 12 chars, sha256 ")
     assert rows[fatal]["attempts"] == 1  # NonRetryableError skips the retry budget
-    assert rows[fatal]["error"].startswith("NonRetryableError:")
+    assert rows[fatal]["error"].startswith("NonRetryableError (message withheld")
     assert rows[bad]["attempts"] == 1 and rows[bad]["error"].startswith("TypeError")
     assert all("Traceback" not in r["error"] for r in rows.values())
     assert await fetchval(settings.database_url, "SELECT count(*) FROM checkpoints") == 0
