@@ -19,13 +19,14 @@ from typing import Any
 
 import structlog
 
-from worker import metrics
+from worker import metrics, redact
 from worker.batcher import MicroBatcher
 from worker.emergency import EmergencyController
 from worker.faults import Faults
 from worker.limits import SQS_MAX_RECEIVE_BATCH
 from worker.probes import ProbeServer
 from worker.queue import Outgoing, Queue, QueueError, Received, SqsQueue
+from worker.residency import StoreRouter, stores_from_settings
 from worker.settings import Settings
 from worker.sql import migration_files
 from worker.store import Store, create_pool
@@ -163,7 +164,9 @@ class Worker:
                     retry_backoff_s=self.settings.retry_backoff_s,
                     retry_backoff_max_s=self.settings.retry_backoff_max_s,
                     stale_after_s=self.settings.stale_after_s),
-                faults=self.faults, mark_sent=mark_sent, sender=sender)
+                faults=self.faults, sender=sender,
+                # Outbox ids are per database: with several stores, mark each in its own.
+                mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent)
             side = {asyncio.create_task(coro, name=name) for name, coro in (
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
                 ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
@@ -222,7 +225,8 @@ class Worker:
                         statement_cache_size=self.settings.db_statement_cache_size,
                         connect_timeout_s=self.settings.db_connect_timeout_s)
                     stack.push_async_callback(pool.close)
-                    self.store = Store(pool)
+                    # One RegionalStore, or a router over PHASEGATE_STORES (docs/governance.md).
+                    self.store = await stores_from_settings(self.settings, pool, stack)
                 except Exception as exc:
                     waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if self.queue is None:
@@ -355,7 +359,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug, not a phase error: let the lease expire
-                log.exception("transition_crashed", error=repr(exc)[:300])
+                log.error("transition_crashed", **redact.describe(exc))
                 settlement = Settlement(Action.RELEASE, "crashed",
                                         self.settings.visibility_timeout_s)
             await self._settle(message, settlement)

@@ -21,7 +21,7 @@ import asyncpg
 import structlog
 from pydantic import ValidationError
 
-from worker import metrics
+from worker import metrics, redact, residency, tracing
 from worker.batcher import MicroBatcher
 from worker.branches import (
     BranchPosition,
@@ -39,7 +39,14 @@ from worker.context import Context
 from worker.door import Door, Halt
 from worker.door import enter as enter_door
 from worker.door import settle as settle_door
-from worker.envelope import MAIN_BRANCH, Envelope, canonical_json, phase_message, state_hash
+from worker.envelope import (
+    MAIN_BRANCH,
+    WORKFLOW_ID_PATTERN,
+    Envelope,
+    canonical_json,
+    phase_message,
+    state_hash,
+)
 from worker.faults import Faults
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
@@ -122,10 +129,12 @@ class PhaseTransition:
             if isinstance(parsed, Poison):
                 return await self.quarantine(message, parsed)
             envelope, workflow = parsed
-            with structlog.contextvars.bound_contextvars(
+            with residency.route(self.store, envelope), structlog.contextvars.bound_contextvars(
                     workflow_id=envelope.workflow_id, seq=envelope.seq, branch=envelope.branch,
-                    workflow=envelope.workflow):
-                return await self.check_and_run(message, envelope, workflow)
+                    workflow=envelope.workflow), tracing.phase_span(envelope) as span:
+                settlement = await self.check_and_run(message, envelope, workflow)
+                span.set("phasegate.outcome", settlement.outcome)
+                return settlement
         except DATABASE_DOWN as exc:
             metrics.DB_ERRORS.inc()
             log.warning("database_unavailable", error=type(exc).__name__,
@@ -150,7 +159,8 @@ class PhaseTransition:
             kinds = sorted({e["type"] for e in exc.errors()})
             wid = raw.get("workflow_id") if isinstance(raw, dict) else None
             return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                          wid if isinstance(wid, str) and len(wid) <= 100 else None)
+                          wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.match(wid)
+                          else None)
         workflow = self.registry.get(envelope.workflow)
         if workflow is None:
             return Poison("unknown_workflow",
@@ -159,6 +169,9 @@ class PhaseTransition:
         if envelope.phase is not None and workflow.get_phase(envelope.phase) is None:
             return Poison("unknown_phase", f"workflow {workflow.name} has no such phase "
                           f"(phases: {[p.name for p in workflow.phases]})", envelope.workflow_id)
+        unroutable = residency.unroutable(self.store, envelope)
+        if unroutable is not None:  # refused before anything is written anywhere
+            return Poison("unknown_region", unroutable, envelope.workflow_id)
         return envelope, workflow
 
     # -- 2. check -----------------------------------------------------------------------------
@@ -295,9 +308,10 @@ class PhaseTransition:
 
     async def fail(self, envelope: Envelope, phase_name: str, started: float,
                    exc: BaseException, *, retryable: bool) -> Settlement:
-        error = f"{type(exc).__name__}: {str(exc)[:ERROR_TEXT_LIMIT]}"
-        log.error("phase_error", phase=phase_name, error_type=type(exc).__name__,
-                  retryable=retryable, exc_info=exc)
+        # Type, fingerprint and frames only: a user exception's message may echo state.
+        described = redact.describe(exc)
+        error = described["error"]
+        log.error("phase_error", phase=phase_name, retryable=retryable, **described)
         limit = self.config.max_attempts if retryable else 0
         result = await (self.store.record_failure(envelope.workflow_id, envelope.seq, error, limit)
                         if envelope.branch == MAIN_BRANCH else record_branch_failure(
@@ -330,6 +344,7 @@ class PhaseTransition:
         successor = (phase_message(envelope.workflow_id, workflow.name, envelope.seq + 1,
                                    outcome.next_phase, envelope.branch, envelope.traceparent)
                      if outcome.next_phase and outcome.sends_successor else None)
+        successor = residency.carry(envelope, tracing.propagate(envelope, successor))
         commit = PhaseCommit(
             workflow_id=envelope.workflow_id, branch=envelope.branch, seq=envelope.seq,
             phase=phase_name, schema_version=workflow.schema_version, state_json=canonical,
@@ -341,7 +356,9 @@ class PhaseTransition:
         if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
             return await self.commit_branching(envelope, workflow, commit, position, fork,
                                                started, commit_started)
-        result = await self.store.commit_phase(commit)
+        with tracing.commit_span(envelope) as span:
+            result = await self.store.commit_phase(commit)
+            span.set("checkpoint.success", result is not None)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
             # Another delivery of this message committed first; our side effects were
@@ -363,11 +380,13 @@ class PhaseTransition:
                                commit_started: float) -> Settlement:
         """A fork, or a phase in a branch (worker/branches.py commits; the fan-in is decided
         inside the branch's commit transaction). Then every message it left is sent."""
-        if isinstance(position, BranchPosition):
-            done = await commit_branch(self.store, commit, position, envelope, workflow)
-        else:
-            assert fork is not None
-            done = await commit_fork(self.store, commit, fork, envelope)
+        with tracing.commit_span(envelope) as span:
+            if isinstance(position, BranchPosition):
+                done = await commit_branch(self.store, commit, position, envelope, workflow)
+            else:
+                assert fork is not None
+                done = await commit_fork(self.store, commit, fork, envelope)
+            span.set("checkpoint.success", done.committed)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if done.committed:
             self.faults.hit("after_commit")
@@ -385,10 +404,11 @@ class PhaseTransition:
         again by the relay, and SQS drops it by its deduplication id)."""
         message = Outgoing(row.body, row.group_id, row.dedup_id)
         try:
-            if self._sender is not None:
-                await self._sender.submit(message)
-            else:
-                await self.queue.send([message])
+            with tracing.send_span("queue"):
+                if self._sender is not None:
+                    await self._sender.submit(message)
+                else:
+                    await self.queue.send([message])
         except Exception as exc:
             metrics.SQS_ERRORS.labels("send").inc()
             log.warning("emit_failed_relay_will_send", error=type(exc).__name__)
@@ -412,9 +432,12 @@ class PhaseTransition:
         """DLQ + a quarantine row with a reason (no payload data), then delete."""
         body_bytes = len(message.body.encode())
         try:
-            await self.dlq.send([Outgoing(
-                message.body, message.group_id or "quarantine",
-                state_hash(f"quarantine:{message.message_id}"))])
+            with tracing.send_span("dlq"):
+                # Never the input or unknown fields: see worker/redact.py.
+                await self.dlq.send([Outgoing(
+                    redact.dlq_body(message.body, poison.code),
+                    message.group_id or "quarantine",
+                    state_hash(f"quarantine:{message.message_id}"))])
         except QueueError as exc:
             metrics.SQS_ERRORS.labels("dlq_send").inc()
             log.error("quarantine_dlq_send_failed", error=str(exc))
