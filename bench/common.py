@@ -1,0 +1,253 @@
+"""Shared plumbing for the transition benchmarks: servers, databases, counters, statistics.
+
+Everything here is measurement machinery, not phasegate: a fresh PostgreSQL database per run
+(cloned from a migrated template), a moto server in its own process (so its CPU is not the
+client's), and a Postgres wire-protocol proxy in its own process that counts round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
+from worker.migrate import migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+# The floor's table: one UPSERT per transition, keyed like a checkpoint so the commit times of
+# consecutive seqs can be read back exactly as phasegate's are.
+FLOOR_TABLE = """
+CREATE TABLE bench_floor (
+    workflow_id  text NOT NULL,
+    seq          integer NOT NULL,
+    state        jsonb NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workflow_id, seq));
+CREATE TABLE bench_invocations (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workflow_id text NOT NULL, seq integer NOT NULL, worker text NOT NULL, pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp());
+"""
+
+
+def with_database(dsn: str, name: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+def with_port(dsn: str, port: int) -> str:
+    parts = urlsplit(dsn)
+    host = parts.hostname or "127.0.0.1"
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{host}:{port}"))
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+class Databases:
+    """A server (127.0.0.1:5432 if it answers, else a throwaway cluster), a migrated template,
+    and a fresh clone of it for every run."""
+
+    def __init__(self, server_dsn: str | None = None) -> None:
+        self._explicit = server_dsn
+        self._embedded: EmbeddedPostgres | None = None
+        self.server_dsn = ""
+        self.template = f"bench_tpl_{uuid.uuid4().hex[:10]}"
+        self._created: list[str] = []
+
+    async def start(self) -> Databases:
+        dsn = self._explicit or os.environ.get("PHASEGATE_BENCH_DATABASE_URL") or LOCAL_PG
+        if not self._explicit and not await _reachable(dsn):
+            self._embedded = EmbeddedPostgres().start()
+            dsn = self._embedded.dsn
+        self.server_dsn = dsn
+        await self._admin(f'CREATE DATABASE "{self.template}"')
+        await migrate(with_database(dsn, self.template))
+        connection = await asyncpg.connect(with_database(dsn, self.template))
+        try:
+            await connection.execute(FLOOR_TABLE)
+        finally:
+            await connection.close()
+        return self
+
+    async def fresh(self) -> str:
+        name = f"bench_{uuid.uuid4().hex[:12]}"
+        await self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self._created.append(name)
+        return with_database(self.server_dsn, name)
+
+    async def drop(self, dsn: str) -> None:
+        name = urlsplit(dsn).path.lstrip("/")
+        await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name in self._created:
+            self._created.remove(name)
+
+    async def stop(self) -> None:
+        for name in [*self._created, self.template]:
+            await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._created.clear()
+        if self._embedded is not None:
+            self._embedded.stop()
+
+    async def settings(self) -> dict[str, str]:
+        connection = await asyncpg.connect(self.server_dsn)
+        try:
+            rows = await connection.fetch(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY($1)",
+                ["server_version", "fsync", "synchronous_commit", "shared_buffers"])
+        finally:
+            await connection.close()
+        return {r["name"]: r["setting"] for r in rows}
+
+    async def _admin(self, sql: str) -> None:
+        connection = await asyncpg.connect(self.server_dsn)
+        try:
+            await connection.execute(sql)
+        finally:
+            await connection.close()
+
+
+async def _reachable(dsn: str) -> bool:
+    try:
+        connection = await asyncpg.connect(dsn, timeout=3)
+    except Exception:
+        return False
+    await connection.close()
+    return True
+
+
+# -- processes: moto server, round-trip proxy ---------------------------------------------------
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """moto as a separate OS process over HTTP; yields its endpoint URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
+                                                                  **local_aws_env()})
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@dataclass
+class RoundTripProxy:
+    """``bench/pgcount.py`` in its own process between the client and PostgreSQL."""
+
+    upstream_port: int
+    port: int = field(default_factory=free_port)
+    control_port: int = field(default_factory=free_port)
+    _process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> RoundTripProxy:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "bench.pgcount", str(self.port), str(self.upstream_port),
+             str(self.control_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
+        wait_port(self.port)
+        wait_port(self.control_port)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+
+    async def counts(self) -> dict[str, int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.control_port)
+        data = await reader.read()
+        writer.close()
+        return dict(json.loads(data))
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def commit_figures(rows: Sequence[Any]) -> dict[str, float]:
+    """Throughput and transition latency from commit times: (workflow_id, seq, epoch) rows.
+
+    Latency of a transition = commit time of seq n+1 minus commit time of seq n of the same
+    workflow: the whole cycle send -> receive -> check -> run -> commit. Throughput = commits
+    after the first / (last commit - first commit).
+    """
+    by_workflow: dict[str, list[tuple[int, float]]] = {}
+    for workflow_id, seq, at in rows:
+        by_workflow.setdefault(workflow_id, []).append((seq, at))
+    gaps: list[float] = []
+    for commits in by_workflow.values():
+        commits.sort()
+        gaps += [b[1] - a[1] for a, b in itertools.pairwise(commits)]
+    times = [at for _, _, at in rows]
+    span = max(times) - min(times) if times else 0.0
+    return {
+        "transitions_per_s": (len(rows) - 1) / span if span > 0 else float("nan"),
+        "latency_p50_ms": percentile(gaps, 50) * 1000,
+        "latency_p99_ms": percentile(gaps, 99) * 1000,
+    }
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")

@@ -1,0 +1,595 @@
+"""phasegate against a raw floor, side by side in one run.
+
+    python -m bench.transitions            # the full run (~5 min on 2 cores)
+    python -m bench.transitions --quick    # smaller workloads, fewer repetitions
+
+For each backend (the in-process ``InMemoryFifoQueue``; moto server over HTTP in its own
+process) and each number of message groups (1, 16), floor and phasegate runs alternate, each
+on a fresh database, and every figure is the median over the runs, reported as
+phasegate / floor. Then round trips are counted through a wire-protocol proxy (a separate pass,
+so the proxy's hop is not in the timed runs), and real worker processes are measured for cold
+start, idle RSS and failover. Results: ``bench/results/transitions-*.json`` and, with
+``--write-docs``, ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aioboto3
+import asyncpg
+from botocore.config import Config
+
+from bench.common import (
+    ROOT,
+    VENV_BIN,
+    Databases,
+    RoundTripProxy,
+    commit_figures,
+    machine,
+    median,
+    moto_server,
+    rss_mib,
+    with_port,
+)
+from bench.floor import Floor, SqsFloorQueue, floor_message
+from bench.workload import FAILOVER_PHASE_S, PAYLOAD, noop_workflow, on_last_phase
+from orchestrator.embedded import free_port, local_aws_env
+from worker.envelope import start_message
+from worker.fake_queue import InMemoryFifoQueue
+from worker.queue import Outgoing, SqsQueue, create_fifo_queue_pair
+from worker.runtime import Worker
+from worker.settings import Settings
+from worker.sql import queries
+from worker.store import Store, create_pool
+from worker.workflow import Registry
+
+RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "benchmarks.md"
+CONCURRENCY = 16
+# Failover: the worker lease. Visibility 2 s extended every 1 s means a dead worker's message
+# is visible again 1-2 s after the kill. The floor has no heartbeat, so its visibility must
+# outlast its longest phase.
+FAILOVER_VISIBILITY_S = 2
+FAILOVER_HEARTBEAT_S = 1.0
+FLOOR_FAILOVER_VISIBILITY_S = int(FAILOVER_PHASE_S) + 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    backend: str  # "memory" | "moto"
+    groups: int
+    phases: int  # per workflow; transitions = groups * phases
+
+    @property
+    def transitions(self) -> int:
+        return self.groups * self.phases
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}/{self.groups}g"
+
+
+@dataclass
+class Env:
+    databases: Databases
+    moto_endpoint: str | None = None
+    proxy: RoundTripProxy | None = None  # set during the round-trip counting pass
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+
+async def _sqs_client(endpoint: str) -> tuple[Any, Any]:
+    session = aioboto3.Session()
+    manager = session.client("sqs", endpoint_url=endpoint, region_name="us-east-1",
+                             config=Config(max_pool_connections=50))
+    return manager, await manager.__aenter__()
+
+
+def wait_time_for(backend: str) -> int:
+    """Long polls on the fake; short polls on moto, whose long poll keeps the snapshot of
+    in-flight groups it took when it started, so a FIFO group freed by a delete stays blocked
+    until the poll times out (an emulator artifact: a 1-group run would crawl at 1/poll)."""
+    return 20 if backend == "memory" else 0
+
+
+# -- one phasegate run --------------------------------------------------------------------------
+
+
+async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
+    workflow = noop_workflow(workload.phases)
+    pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
+    store = Store(pool)
+    manager = None
+    queue: Any
+    dlq: Any
+    if workload.backend == "memory":
+        queue, dlq = InMemoryFifoQueue(), InMemoryFifoQueue()
+    else:
+        assert env.moto_endpoint is not None
+        manager, client = await _sqs_client(env.moto_endpoint)
+        urls = await create_fifo_queue_pair(client, f"pg-{uuid.uuid4().hex[:10]}")
+        queue = await SqsQueue(urls[0], endpoint_url=env.moto_endpoint,
+                               region="us-east-1").open()
+        dlq = queue.sibling(urls[1])
+    try:
+        for index in range(workload.groups):
+            workflow_id = f"w{index}-{uuid.uuid4().hex[:8]}"
+            message = start_message(workflow_id, workflow.name, PAYLOAD)
+            await store.start_run(workflow_id=workflow_id, workflow=workflow.name,
+                                  schema_version=workflow.schema_version, input=PAYLOAD,
+                                  first_phase=workflow.first_phase, message=message)
+            await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+        settings = Settings(
+            concurrency=CONCURRENCY, wait_time_s=wait_time_for(workload.backend),
+            visibility_timeout_s=30, heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
+            worker_id="bench", db_pool_max=CONCURRENCY)
+        worker = Worker(settings=settings, registry=Registry([workflow]), queue=queue, dlq=dlq,
+                        store=store)
+        finished = 0
+
+        def last_phase_ran() -> None:
+            nonlocal finished
+            finished += 1
+            if finished >= workload.groups:
+                worker.stop()  # the drain lets the last commit finish
+
+        on_last_phase(workflow, last_phase_ran)
+        calls_before = queue.calls + dlq.calls
+        figures = await _timed(worker.run, workload, env)
+        figures["sqs_calls"] = queue.calls + dlq.calls - calls_before
+        figures.update(await _commits(pool, "SELECT workflow_id, seq, "
+                                      "extract(epoch FROM created_at)::float8 FROM checkpoints "
+                                      "WHERE kind = 'phase'", workload))
+        done = await pool.fetchval("SELECT count(*) FROM workflow_runs WHERE status = "
+                                   "'completed'")
+        if done != workload.groups:
+            raise RuntimeError(f"phasegate run finished {done}/{workload.groups} workflows")
+        return figures
+    finally:
+        if workload.backend == "moto":
+            await queue.close()
+            assert manager is not None
+            await manager.__aexit__(None, None, None)
+        await pool.close()
+
+
+# -- one floor run ------------------------------------------------------------------------------
+
+
+async def run_floor(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
+    manager = None
+    queue: Any
+    if workload.backend == "memory":
+        queue = InMemoryFifoQueue()
+    else:
+        assert env.moto_endpoint is not None
+        manager, client = await _sqs_client(env.moto_endpoint)
+        urls = await create_fifo_queue_pair(client, f"fl-{uuid.uuid4().hex[:10]}")
+        queue = SqsFloorQueue(client, urls[0])
+    try:
+        for index in range(workload.groups):
+            await queue.send([floor_message(f"w{index}-{uuid.uuid4().hex[:8]}", 0,
+                                            workload.phases)])
+        floor = Floor(dsn=dsn, queue=queue, concurrency=CONCURRENCY,
+                      wait_time_s=wait_time_for(workload.backend),
+                      expected_runs=workload.groups)
+        calls_before = queue.calls
+        figures = await _timed(floor.run, workload, env)
+        figures["sqs_calls"] = queue.calls - calls_before
+        connection = await asyncpg.connect(dsn)
+        try:
+            figures.update(await _commits(connection, "SELECT workflow_id, seq, extract(epoch "
+                                          "FROM committed_at)::float8 FROM bench_floor",
+                                          workload))
+        finally:
+            await connection.close()
+        return figures
+    finally:
+        if manager is not None:
+            await manager.__aexit__(None, None, None)
+
+
+# -- shared measuring ---------------------------------------------------------------------------
+
+
+async def _timed(run: Callable[[], Awaitable[None]], workload: Workload,
+                 env: Env) -> dict[str, Any]:
+    """Process CPU and wall time of the run alone (seeding and read-back excluded); in the
+    counting pass, the round trips of the same window."""
+    gc.collect()
+    before = await env.proxy.counts() if env.proxy else {}
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.wait_for(run(), timeout=600)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    after = await env.proxy.counts() if env.proxy else {}
+    return {"cpu_s": cpu, "wall_s": wall,
+            "cpu_per_transition_us": cpu / workload.transitions * 1e6,
+            "round_trips": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
+
+
+async def _commits(db: Any, sql: str, workload: Workload) -> dict[str, Any]:
+    rows = [tuple(r) for r in await db.fetch(sql)]
+    if len(rows) != workload.transitions:
+        raise RuntimeError(f"expected {workload.transitions} commits, found {len(rows)}")
+    return commit_figures(rows)
+
+
+SYSTEMS: dict[str, Callable[[str, Workload, Env], Awaitable[dict[str, Any]]]] = {
+    "floor": run_floor, "phasegate": run_phasegate}
+
+
+async def timed_runs(env: Env, workload: Workload, repeats: int) -> None:
+    """Alternate floor and phasegate (the order flips each round) so load hits both."""
+    for round_ in range(repeats):
+        order = ["floor", "phasegate"] if round_ % 2 == 0 else ["phasegate", "floor"]
+        for system in order:
+            dsn = await env.databases.fresh()
+            try:
+                figures = await SYSTEMS[system](dsn, workload, env)
+            finally:
+                await env.databases.drop(dsn)
+            figures["sqs_calls_per_transition"] = figures["sqs_calls"] / workload.transitions
+            env.runs.setdefault(f"{workload.key}/{system}", []).append(figures)
+            print(f"  {workload.key:10} {system:9} round {round_ + 1}: "
+                  f"{figures['transitions_per_s']:7.0f}/s  cpu "
+                  f"{figures['cpu_per_transition_us']:6.0f} us  p50 "
+                  f"{figures['latency_p50_ms']:6.2f} ms  p99 {figures['latency_p99_ms']:6.2f} ms"
+                  f"  sqs {figures['sqs_calls_per_transition']:.2f}/t", flush=True)
+
+
+# -- round trips (a separate pass through the counting proxy) -----------------------------------
+
+_WS = re.compile(r"\s+")
+
+
+def statement_names() -> dict[str, str]:
+    """The proxy labels statements by their first SQL characters; map those to query names."""
+    return {_WS.sub(" ", sql)[:60]: name for name, sql in queries().items()}
+
+
+async def count_round_trips(env: Env, workload: Workload) -> dict[str, Any]:
+    names = statement_names()
+    server = env.databases.server_dsn
+    port = int(server.rsplit(":", 1)[1].split("/", 1)[0])
+    found: dict[str, Any] = {}
+    with RoundTripProxy(upstream_port=port) as proxy:
+        for system in ("floor", "phasegate"):
+            dsn = await env.databases.fresh()
+            env.proxy = proxy
+            try:
+                proxied = with_port(dsn, proxy.port) + "?sslmode=disable"
+                delta = (await SYSTEMS[system](proxied, workload, env))["round_trips"]
+            finally:
+                env.proxy = None
+                await env.databases.drop(dsn)
+            by_statement: dict[str, float] = {}
+            for label, count in delta.items():
+                if label.startswith(("exec:", "prepare:", "simple:")) and count:
+                    kind, _, text = label.partition(":")
+                    name = names.get(text, text[:40])
+                    by_statement[f"{kind}:{name}"] = count / workload.transitions
+            found[system] = {
+                "round_trips_per_transition": delta.get("round_trips", 0) / workload.transitions,
+                "by_statement_per_transition": dict(sorted(by_statement.items(),
+                                                           key=lambda kv: -kv[1])),
+            }
+            print(f"  {workload.key:10} {system:9} round trips/transition "
+                  f"{found[system]['round_trips_per_transition']:.3f}  "
+                  f"{found[system]['by_statement_per_transition']}", flush=True)
+    return found
+
+
+# -- worker processes: cold start, idle RSS, failover -------------------------------------------
+
+
+def _phasegate_env(dsn: str, endpoint: str, urls: tuple[str, str], **extra: Any) -> dict[str, str]:
+    env = {**os.environ, **local_aws_env(), "PYTHONPATH": str(ROOT),
+           "PHASEGATE_DATABASE_URL": dsn, "PHASEGATE_QUEUE_URL": urls[0],
+           "PHASEGATE_DLQ_URL": urls[1], "PHASEGATE_SQS_ENDPOINT_URL": endpoint,
+           "PHASEGATE_AWS_REGION": "us-east-1", "PHASEGATE_WORKFLOW_MODULES": "bench.workload",
+           "PHASEGATE_METRICS_HOST": "127.0.0.1", "PHASEGATE_LOG_FORMAT": "json",
+           "PHASEGATE_CONCURRENCY": "1"}
+    env.update({f"PHASEGATE_{k.upper()}": str(v) for k, v in extra.items()})
+    return env
+
+
+def spawn(system: str, dsn: str, endpoint: str, urls: tuple[str, str], *,
+          metrics_port: int = 0, **extra: Any) -> subprocess.Popen[bytes]:
+    if system == "phasegate":
+        return subprocess.Popen(
+            [str(VENV_BIN / "phasegate"), "worker"], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=_phasegate_env(dsn, endpoint, urls, metrics_port=metrics_port, **extra))
+    argv = [sys.executable, "-m", "bench.floor", "--dsn", dsn, "--endpoint", endpoint,
+            "--queue-url", urls[0]]
+    for key, value in extra.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **local_aws_env(), "PYTHONPATH": str(ROOT)})
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def _queue_pair(endpoint: str, prefix: str, visibility_s: int = 30) -> tuple[str, str]:
+    manager, client = await _sqs_client(endpoint)
+    try:
+        return await create_fifo_queue_pair(client, f"{prefix}-{uuid.uuid4().hex[:10]}",
+                                            visibility_timeout_s=visibility_s)
+    finally:
+        await manager.__aexit__(None, None, None)
+
+
+async def _seed(system: str, dsn: str, endpoint: str, urls: tuple[str, str], workflow: str,
+                phases: int) -> str:
+    workflow_id = f"w-{uuid.uuid4().hex[:10]}"
+    async with SqsQueue(urls[0], endpoint_url=endpoint, region="us-east-1") as queue:
+        if system == "floor":
+            await queue.send([floor_message(workflow_id, 0, phases)])
+            return workflow_id
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            message = start_message(workflow_id, workflow, PAYLOAD)
+            await Store(pool).start_run(workflow_id=workflow_id, workflow=workflow,
+                                        schema_version=1, input=PAYLOAD, first_phase="p0"
+                                        if workflow.startswith("bench-noop") else "slow",
+                                        message=message)
+        finally:
+            await pool.close()
+        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+    return workflow_id
+
+
+async def _poll(dsn: str, sql: str, *args: Any, within_s: float = 60) -> Any:
+    connection = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            value = await connection.fetchval(sql, *args)
+            if value is not None:
+                return value
+            await asyncio.sleep(0.01)
+    finally:
+        await connection.close()
+    raise TimeoutError(f"no result after {within_s}s: {sql}")
+
+
+async def cold_start_and_rss(env: Env, endpoint: str, repeats: int) -> dict[str, Any]:
+    """Process start -> first phase committed; then, once the run is done, idle RSS."""
+    out: dict[str, list[dict[str, float]]] = {"floor": [], "phasegate": []}
+    for round_ in range(repeats):
+        for system in (["floor", "phasegate"] if round_ % 2 == 0 else ["phasegate", "floor"]):
+            dsn = await env.databases.fresh()
+            urls = await _queue_pair(endpoint, "cs")
+            await _seed(system, dsn, endpoint, urls, "bench-noop-3", 3)
+            first = ("SELECT extract(epoch FROM min(created_at))::float8 FROM checkpoints"
+                     if system == "phasegate" else
+                     "SELECT extract(epoch FROM min(committed_at))::float8 FROM bench_floor")
+            done = ("SELECT 1 FROM workflow_runs WHERE status = 'completed'"
+                    if system == "phasegate" else "SELECT 1 FROM bench_floor WHERE seq = 2")
+            started = time.time()
+            process = spawn(system, dsn, endpoint, urls, metrics_port=free_port(),
+                            **({"wait_time_s": 20} if system == "phasegate" else {}))
+            try:
+                committed = await _poll(dsn, first)
+                await _poll(dsn, done)
+                await asyncio.sleep(3.0)  # idle: long-polling an empty queue
+                rss = rss_mib(process.pid)
+            finally:
+                stop(process)
+                await env.databases.drop(dsn)
+            figures = {"cold_start_s": committed - started, "idle_rss_mib": rss}
+            out[system].append(figures)
+            print(f"  cold start {system:9} {figures['cold_start_s']:.3f} s   idle RSS "
+                  f"{rss:.1f} MiB", flush=True)
+    return out
+
+
+async def failover(env: Env, endpoint: str, repeats: int, seed: int = 7) -> dict[str, Any]:
+    """Two worker processes; SIGKILL the one running the phase at a random point of its
+    heartbeat cycle; time until the other starts the same phase (both clocks: this host)."""
+    rng = random.Random(seed)
+    out: dict[str, list[float]] = {"floor": [], "phasegate": []}
+    for round_ in range(repeats):
+        for system in (["floor", "phasegate"] if round_ % 2 == 0 else ["phasegate", "floor"]):
+            dsn = await env.databases.fresh()
+            visibility = (FAILOVER_VISIBILITY_S if system == "phasegate"
+                          else FLOOR_FAILOVER_VISIBILITY_S)
+            urls = await _queue_pair(endpoint, "fo", visibility)
+            extra: dict[str, Any] = (
+                {"visibility_timeout_s": FAILOVER_VISIBILITY_S, "heartbeat_s":
+                 FAILOVER_HEARTBEAT_S, "wait_time_s": 0}
+                if system == "phasegate" else
+                {"visibility_timeout_s": FLOOR_FAILOVER_VISIBILITY_S, "wait_time_s": 0,
+                 "phase_sleep_s": FAILOVER_PHASE_S})
+            processes = [spawn(system, dsn, endpoint, urls, metrics_port=free_port(), **extra)
+                         for _ in range(2)]
+            try:
+                await asyncio.sleep(2.0)  # both up and polling
+                workflow_id = await _seed(system, dsn, endpoint, urls, "bench-failover", 2)
+                pid = await _poll(dsn, "SELECT pid FROM bench_invocations WHERE workflow_id = $1 "
+                                  "AND seq = 0 ORDER BY id LIMIT 1", workflow_id)
+                await asyncio.sleep(rng.uniform(0.2, 0.2 + FAILOVER_HEARTBEAT_S))
+                os.kill(pid, signal.SIGKILL)
+                killed = time.time()
+                resumed = await _poll(
+                    dsn, "SELECT extract(epoch FROM at)::float8 FROM bench_invocations WHERE "
+                    "workflow_id = $1 AND seq = 0 AND pid <> $2 ORDER BY id LIMIT 1",
+                    workflow_id, pid, within_s=60)
+            finally:
+                for process in processes:
+                    stop(process)
+                await env.databases.drop(dsn)
+            out[system].append(resumed - killed)
+            print(f"  failover {system:9} {resumed - killed:.3f} s", flush=True)
+    return out
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+PER_RUN = ("cpu_per_transition_us", "transitions_per_s", "latency_p50_ms", "latency_p99_ms",
+           "sqs_calls_per_transition")
+
+
+def ratio(ours: float, floor: float) -> float:
+    return ours / floor if floor else float("nan")
+
+
+def summarise(env: Env, workloads: list[Workload], round_trips: dict[str, Any],
+              processes: dict[str, Any], fail: dict[str, Any]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for workload in workloads:
+        row: dict[str, Any] = {"transitions": workload.transitions, "phases": workload.phases,
+                               "groups": workload.groups}
+        for figure in PER_RUN:
+            floor = median([r[figure] for r in env.runs[f"{workload.key}/floor"]])
+            ours = median([r[figure] for r in env.runs[f"{workload.key}/phasegate"]])
+            row[figure] = {"floor": floor, "phasegate": ours, "ratio": ratio(ours, floor)}
+        counted = round_trips.get(workload.key)
+        if counted:
+            floor = counted["floor"]["round_trips_per_transition"]
+            ours = counted["phasegate"]["round_trips_per_transition"]
+            row["pg_round_trips_per_transition"] = {
+                "floor": floor, "phasegate": ours, "ratio": ratio(ours, floor),
+                "phasegate_by_statement": counted["phasegate"]["by_statement_per_transition"],
+                "floor_by_statement": counted["floor"]["by_statement_per_transition"]}
+        table[workload.key] = row
+    single: dict[str, Any] = {}
+    for figure in ("cold_start_s", "idle_rss_mib"):
+        floor = median([r[figure] for r in processes["floor"]])
+        ours = median([r[figure] for r in processes["phasegate"]])
+        single[figure] = {"floor": floor, "phasegate": ours, "ratio": ratio(ours, floor)}
+    floor, ours = median(fail["floor"]), median(fail["phasegate"])
+    single["failover_s"] = {
+        "floor": floor, "phasegate": ours, "ratio": ratio(ours, floor),
+        "phasegate_max": max(fail["phasegate"]), "floor_max": max(fail["floor"]),
+        "settings": {"phasegate": {"visibility_timeout_s": FAILOVER_VISIBILITY_S,
+                                   "heartbeat_s": FAILOVER_HEARTBEAT_S},
+                     "floor": {"visibility_timeout_s": FLOOR_FAILOVER_VISIBILITY_S,
+                               "heartbeat": None},
+                     "phase_s": FAILOVER_PHASE_S}}
+    return {"per_workload": table, "processes": single}
+
+
+def workloads_for(quick: bool, backends: list[str]) -> list[Workload]:
+    sizes = {("memory", 1): (120, 400), ("memory", 16): (10, 40),
+             ("moto", 1): (30, 100), ("moto", 16): (4, 12)}
+    return [Workload(b, g, sizes[(b, g)][0 if quick else 1]) for b in backends for g in (1, 16)]
+
+
+async def bench(*, quick: bool, backends: list[str], repeats: int, process_repeats: int,
+                skip_processes: bool = False, server_dsn: str | None = None,
+                workloads: list[Workload] | None = None) -> dict[str, Any]:
+    """Every figure, floor and phasegate alternating; returns the results document."""
+    databases = await Databases(server_dsn).start()
+    env = Env(databases)
+    try:
+        with moto_server() as endpoint:
+            env.moto_endpoint = endpoint
+            workloads = workloads or workloads_for(quick, backends)
+            for workload in workloads:
+                print(f"{workload.key}: {workload.transitions} transitions "
+                      f"({workload.groups} x {workload.phases} phases), {repeats} rounds",
+                      flush=True)
+                await timed_runs(env, workload, repeats)
+            round_trips = {}
+            for workload in workloads:
+                if workload.backend == "memory":
+                    round_trips[workload.key] = await count_round_trips(env, workload)
+            if skip_processes:
+                processes = {"floor": [{"cold_start_s": 0.0, "idle_rss_mib": 0.0}],
+                             "phasegate": [{"cold_start_s": 0.0, "idle_rss_mib": 0.0}]}
+                fail: dict[str, Any] = {"floor": [0.0], "phasegate": [0.0]}
+            else:
+                processes = await cold_start_and_rss(env, endpoint, process_repeats)
+                fail = await failover(env, endpoint, process_repeats)
+        summary = summarise(env, workloads, round_trips, processes, fail)
+        return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick,
+                "repeats": repeats, "process_repeats": process_repeats,
+                "concurrency": CONCURRENCY, "machine": machine(),
+                "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
+    finally:
+        await databases.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="phasegate vs a raw floor, in one run")
+    parser.add_argument("--quick", action="store_true", help="small workloads, 2 rounds")
+    parser.add_argument("--backends", default="memory,moto")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--process-repeats", type=int, default=None)
+    parser.add_argument("--skip-processes", action="store_true")
+    parser.add_argument("--label", default="", help="suffix for the results file")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
+    args = parser.parse_args()
+    repeats = args.repeats or (2 if args.quick else 5)
+    process_repeats = args.process_repeats or (1 if args.quick else 3)
+    _quiet_logs()
+    result = asyncio.run(bench(quick=args.quick, backends=args.backends.split(","),
+                               repeats=repeats, process_repeats=process_repeats,
+                               skip_processes=args.skip_processes))
+    result["command"] = "python -m bench.transitions " + " ".join(sys.argv[1:])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"results: {path.relative_to(ROOT)}")
+    print(render_table(result))
+    if args.write_docs:
+        from bench.report import write_docs
+
+        write_docs(result, path)
+
+
+def _quiet_logs() -> None:
+    """The worker logs as in production (JSON, info: one line per phase), into /dev/null."""
+    from worker.logs import configure_logging
+
+    real = sys.stderr
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    try:
+        configure_logging("info", "json")
+    finally:
+        sys.stderr = real
+
+
+def render_table(result: dict[str, Any]) -> str:
+    lines = ["| workload | figure | floor | phasegate | ratio |", "|---|---|---:|---:|---:|"]
+    for key, row in result["summary"]["per_workload"].items():
+        for figure in (*PER_RUN, "pg_round_trips_per_transition"):
+            if figure in row:
+                cell = row[figure]
+                lines.append(f"| {key} | {figure} | {cell['floor']:.3g} | "
+                             f"{cell['phasegate']:.3g} | {cell['ratio']:.2f} |")
+    for figure, cell in result["summary"]["processes"].items():
+        lines.append(f"| process | {figure} | {cell['floor']:.3g} | {cell['phasegate']:.3g} | "
+                     f"{cell['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
