@@ -52,6 +52,11 @@ class StartRequest(BaseModel):
         default=None, description="The store (PHASEGATE_STORES) the run lives in; fixed.")
 
 
+class MergeRequest(BaseModel):
+    branch: str = Field(min_length=1, max_length=26, description="The branch to promote.")
+    reason: str | None = Field(default=None, max_length=1000)
+
+
 class ActionRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=1000)
 
@@ -162,6 +167,18 @@ def create_app(services: Services) -> FastAPI:
 
     for name in ("cancel", "retry", "restart", "approve", "reject"):
         action_route(name)
+
+    @app.post("/v1/workflows/{workflow_id}/merge", response_model=ActionResponse,
+              responses=ERRORS, summary="Supervisor merge: promote a branch's state")
+    async def merge(workflow_id: str, request: MergeRequest) -> ActionResponse:
+        scoped = await control.scoped(workflow_id)
+        outcome = await scoped.merge(workflow_id, request.branch, request.reason)
+        return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
+
+    @app.get("/v1/workflows/{workflow_id}/branches", responses=ERRORS)
+    async def branches(workflow_id: str) -> dict[str, Any]:
+        scoped = await control.scoped(workflow_id)
+        return {"workflow_id": workflow_id, "forks": await scoped.branches(workflow_id)}
 
     @app.get("/v1/stalls", response_model=StallReport)
     async def stalls(older_than_s: Annotated[float, Query(ge=0)] = DEFAULT_STALL_S,

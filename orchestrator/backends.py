@@ -35,6 +35,8 @@ class Backend(Protocol):
     def checkpoints(self, workflow_id: str, include_state: bool) -> dict[str, Any]: ...
     def actions(self, workflow_id: str) -> dict[str, Any]: ...
     def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]: ...
+    def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]: ...
+    def branches(self, workflow_id: str) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -79,6 +81,13 @@ class ApiBackend:
     def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]:
         return self._call("POST", f"/v1/workflows/{workflow_id}/{action}",
                           json={"reason": reason})
+
+    def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workflows/{workflow_id}/merge",
+                          json={"branch": branch, "reason": reason})
+
+    def branches(self, workflow_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/workflows/{workflow_id}/branches")
 
     def close(self) -> None:
         self._client.close()
@@ -173,6 +182,20 @@ class DatabaseBackend:
                     "sent": outcome.sent}
 
         return self._do(do)
+
+    def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]:
+        async def do(control: Control) -> dict[str, Any]:
+            outcome = await control.merge(workflow_id, branch, reason)
+            return {"action": outcome.action, "run": outcome.run.model_dump(mode="json"),
+                    "sent": outcome.sent}
+
+        return self._do(do)
+
+    def branches(self, workflow_id: str) -> dict[str, Any]:
+        async def get(control: Control) -> dict[str, Any]:
+            return {"workflow_id": workflow_id, "forks": await control.branches(workflow_id)}
+
+        return self._do(get)
 
     def close(self) -> None:
         async def shut() -> None:

@@ -231,6 +231,7 @@ main.add_command(cli_control.restart)
 main.add_command(cli_control.approve)
 main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
+main.add_command(cli_control.merge)
 
 
 @main.command()

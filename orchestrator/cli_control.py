@@ -111,8 +111,9 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--role", envvar="PHASEGATE_ROLE", help="Your role for the read policy "
               "(PHASEGATE_ROLE; PHASEGATE_READ_POLICY decides which phases' state it sees).")
+@click.option("--tree", is_flag=True, help="Draw the branch DAG (forks, branches, merges).")
 def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool,
-            role: str | None) -> None:
+            role: str | None, tree: bool) -> None:
     """A run and its history: checkpoints and operator actions."""
     import json
 
@@ -126,10 +127,17 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
         run = backend.run(workflow_id)
         history = backend.checkpoints(workflow_id, include_state)
         actions = backend.actions(workflow_id)
+        forks = backend.branches(workflow_id)["forks"] if tree else None
     except BackendError as exc:
         _fail(exc)
     finally:
         backend.close()
+    if forks is not None:
+        from orchestrator.render_tree import tree as draw_tree
+
+        click.echo(json.dumps({"run": run, "forks": forks}, indent=2) if as_json
+                   else draw_tree(run, history["checkpoints"], forks))
+        return
     if as_json:
         click.echo(json.dumps({"run": run, "checkpoints": history["checkpoints"],
                                "actions": actions["actions"]}, indent=2))
@@ -236,4 +244,23 @@ def render_age(age: Any) -> str:
     return f"{seconds}s"
 
 
-COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge]
+@click.command()
+@API_OPTION
+@click.argument("workflow_id")
+@click.argument("branch")
+@click.option("--reason", help="Why (kept in the run's action log).")
+def merge(api_url: str | None, workflow_id: str, branch: str, reason: str | None) -> None:
+    """Supervisor merge: promote BRANCH's state to the run's main chain; its siblings are
+    discarded and the run goes on after the merge phase."""
+    backend = _backend(api_url)
+    try:
+        result = backend.merge(workflow_id, branch, reason)
+    except BackendError as exc:
+        _fail(exc)
+    finally:
+        backend.close()
+    click.echo(render.action(result))
+
+
+COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge,
+            merge]

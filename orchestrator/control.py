@@ -210,6 +210,24 @@ class Control:
         return True
 
 
+    # -- branches (orchestrator/branching.py) ------------------------------------------------
+
+    async def merge(self, workflow_id: str, branch: str, reason: str | None = None) -> Outcome:
+        """Supervisor merge: promote ``branch``'s state to the main chain at the merge seq."""
+        from orchestrator.branching import supervisor_merge
+
+        sent = await supervisor_merge(self.pool, self.queue, workflow_id, branch, _clip(reason),
+                                      self.actor)
+        return Outcome(await self.views.get_run(workflow_id), "merge", sent)
+
+    async def branches(self, workflow_id: str) -> list[dict[str, Any]]:
+        """The run's forks and branches (``phasegate inspect --tree``)."""
+        from orchestrator.branching import branch_tree
+
+        await self.views.get_run(workflow_id)
+        return await branch_tree(self.pool, workflow_id)
+
+
 def _clip(reason: str | None) -> str | None:
     return reason[:REASON_LIMIT] if reason else None
 

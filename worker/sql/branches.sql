@@ -212,7 +212,8 @@ SELECT f.fork_seq, f.status AS fork_status, f.resolution, b.branch, b.final_seq,
 
 -- name: open_fork_lock
 -- Supervisor merge: the run's open fork (the newest), locked like a branch's final commit.
-SELECT f.fork_seq, f.merge_phase, f.after_merge, r.status AS run_status, r.next_seq, r.epoch
+SELECT f.fork_seq, f.merge_phase, f.after_merge, r.workflow, r.status AS run_status,
+       r.next_seq, r.epoch
   FROM forks f
   JOIN workflow_runs r ON r.workflow_id = f.workflow_id
  WHERE f.workflow_id = $1 AND f.parent_branch = 'main' AND f.status = 'open'

@@ -1,0 +1,76 @@
+"""The control plane's side of branches: the branch DAG of a run, and the supervisor merge.
+
+A supervisor merge promotes one branch's latest committed state to the main chain at the
+merge seq, instead of running the merge phase: a main checkpoint recording its
+``source_branch``, the fork resolved as ``supervisor`` with that branch as ``winner``, its
+siblings discarded, a ``merge`` row in the action log, and the run moved on to the phase
+after the merge phase (completed when there is none). It runs in a transaction that first
+locks the fork row, exactly like a branch's final commit, so it and a fan-in never both
+resolve one fork: whichever locks the row second finds it resolved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import structlog
+
+from orchestrator.views import Conflict, NotFound
+from worker.branches import sql, tree_rows_to_json
+from worker.envelope import MAIN_BRANCH, dedup_id, phase_message
+from worker.queue import Outgoing, Queue
+from worker.store import Store
+
+log = structlog.get_logger("phasegate.branching")
+
+MERGEABLE = ("running", "failed")
+
+
+async def branch_tree(pool: asyncpg.Pool, workflow_id: str) -> list[dict[str, Any]]:
+    """Every fork of a run with its branches and their checkpoints (the API's JSON)."""
+    return tree_rows_to_json(await pool.fetch(sql()["branch_tree"], workflow_id))
+
+
+async def supervisor_merge(pool: asyncpg.Pool, queue: Queue | None, workflow_id: str,
+                           branch: str, reason: str | None, actor: str | None) -> bool | None:
+    """Promote ``branch``'s state; returns whether the next message reached SQS (None: the
+    run completed, there is none)."""
+    async with pool.acquire() as connection, connection.transaction():
+        fork = await connection.fetchrow(sql()["open_fork_lock"], workflow_id)
+        if fork is None:
+            if not await connection.fetchval(
+                    "SELECT 1 FROM workflow_runs WHERE workflow_id = $1", workflow_id):
+                raise NotFound(f"no workflow run with id {workflow_id!r}")
+            raise Conflict(f"cannot merge run {workflow_id}: it has no open fork (its branches "
+                           "were merged already, or it never forked)")
+        if fork["run_status"] not in MERGEABLE or fork["next_seq"] != fork["fork_seq"] + 1:
+            raise Conflict(f"cannot merge run {workflow_id}: its status is "
+                           f"{fork['run_status']!r}, merge needs {' or '.join(MERGEABLE)}")
+        after, seq = fork["after_merge"], fork["fork_seq"] + 2
+        message = (phase_message(workflow_id, fork["workflow"], seq, after)
+                   if after is not None else None)
+        dedup = dedup_id(workflow_id, MAIN_BRANCH, seq, fork["epoch"])
+        note = f"merge branch {branch}" + (f": {reason}" if reason else "")
+        row = await connection.fetchrow(
+            sql()["supervisor_merge"], workflow_id, branch, fork["fork_seq"],
+            fork["merge_phase"], after, fork["run_status"], note[:1000], actor,
+            dedup if message else None, message.group_id if message else None,
+            message.to_json() if message else None)
+        if row is None or row["committed_at"] is None:
+            raise Conflict(f"cannot merge branch {branch!r} of run {workflow_id}: it is not a "
+                           f"branch of the open fork at seq {fork['fork_seq']}, or it has no "
+                           "committed state yet")
+    log.info("supervisor_merge", workflow_id=workflow_id, branch=branch,
+             fork_seq=fork["fork_seq"])
+    if message is None:
+        return None
+    if queue is None or row["outbox_id"] is None:
+        return False
+    try:
+        await queue.send([Outgoing(message.to_json(), message.group_id, dedup)])
+    except Exception as exc:
+        log.warning("merge_send_failed_relay_will_send", error=type(exc).__name__)
+        return False
+    await Store(pool).mark_sent([row["outbox_id"]])
+    return True
