@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import structlog
 
+from worker import audit, residency
 from worker.door import Halt
 from worker.envelope import (
     BRANCH_PATTERN,
@@ -237,6 +238,32 @@ async def merge_input(store: Store, workflow: Workflow, position: RunPosition, p
     return results
 
 
+# -- residency: the run's own store, and an audit event per checkpoint written -------------
+
+
+@dataclass(frozen=True)
+class Guarded:
+    region: str | None
+    classification: str
+
+    def written(self, workflow_id: str, seq: int, branch: str, kind: str = "phase") -> None:
+        if self.region is not None:
+            audit.checkpoint_written(workflow_id=workflow_id, seq=seq, branch=branch,
+                                     region=self.region, classification=self.classification,
+                                     kind=kind)
+
+
+async def guard(store: Store, workflow_id: str) -> Guarded:
+    """Refuse (``ResidencyError``) a write for a run another regional store holds, exactly
+    as the store's own write methods do (worker/residency.py)."""
+    regional = (store.for_run(workflow_id) if isinstance(store, residency.StoreRouter)
+                else store)
+    if not isinstance(regional, residency.RegionalStore):
+        return Guarded(None, "unknown")
+    found = await regional.guard(workflow_id)
+    return Guarded(regional.region, found.classification)
+
+
 # -- commit ---------------------------------------------------------------------------------
 
 
@@ -255,6 +282,7 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
     statement (``fork_commit``)."""
     messages = [message(envelope, commit.seq + 1, plan.first_phase, name)
                 for name in plan.names]
+    guarded = await guard(store, commit.workflow_id)
     rows = await store.pool.fetch(
         sql()["fork_commit"], commit.workflow_id, commit.seq, commit.phase,
         commit.schema_version, commit.state_json, commit.state_hash, plan.merge_phase,
@@ -266,6 +294,7 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
     if not rows:
         return Committed(False, "superseded", [])
     ids = {row["dedup_id"]: row["outbox_id"] for row in rows}
+    guarded.written(commit.workflow_id, commit.seq, commit.branch)
     log.info("forked", branches=len(messages), mode=plan.mode, merge=plan.merge_phase)
     return Committed(True, "forked", [OutboxRow(ids[m.dedup_id], m.dedup_id, m.group_id,
                                                 m.to_json()) for m in messages])
@@ -279,13 +308,16 @@ async def commit_branch(store: Store, commit: PhaseCommit, position: BranchPosit
     won = (position.mode == "race" and position.win_tier is not None
            and commit.tier is not None and commit.tier >= position.win_tier)
     final = following is None or following == position.merge_phase or won
-    successor = None if final else message(envelope, commit.seq + 1, following or "",
-                                           envelope.branch)
+    successor = None if final else (
+        commit.successor if commit.successor is not None and commit.successor.phase == following
+        else message(envelope, commit.seq + 1, following or "", envelope.branch))
     commit = replace(commit, next_phase=None if final else following, successor=successor)
+    guarded = await guard(store, commit.workflow_id)
     if not final:
         row = await store.pool.fetchrow(sql()["branch_commit"], *_commit_args(commit, False))
         if row is None or row["committed_at"] is None:
-            return await _refused(store, commit)
+            return await _refused(store, commit, guarded)
+        guarded.written(commit.workflow_id, commit.seq, commit.branch)
         outbox = [] if successor is None or row["outbox_id"] is None else [OutboxRow(
             row["outbox_id"], successor.dedup_id, successor.group_id, successor.to_json())]
         return Committed(True, "advanced", outbox)
@@ -299,7 +331,8 @@ async def commit_branch(store: Store, commit: PhaseCommit, position: BranchPosit
             committed = True
             outbox = await _settle_fork(connection, envelope, position, fork)
     if not committed:
-        return await _refused(store, commit)
+        return await _refused(store, commit, guarded)
+    guarded.written(commit.workflow_id, commit.seq, commit.branch)
     label = "branch_completed" if not outbox else (
         "race_won" if position.mode == "race" else "fanned_in")
     return Committed(True, label, outbox)
@@ -339,7 +372,7 @@ def _commit_args(commit: PhaseCommit, final: bool) -> list[Any]:
             successor.to_json() if successor else None]
 
 
-async def _refused(store: Store, commit: PhaseCommit) -> Committed:
+async def _refused(store: Store, commit: PhaseCommit, guarded: Guarded) -> Committed:
     """The commit condition failed: another delivery committed first, or the branch was
     discarded (a race lost, a supervisor merge) -- then what the phase produced is recorded
     as a 'discarded' checkpoint."""
@@ -348,6 +381,7 @@ async def _refused(store: Store, commit: PhaseCommit) -> Committed:
         commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
         commit.tier, commit.tier_label, commit.worker_id, commit.trace_id)
     if discarded is not None:
+        guarded.written(commit.workflow_id, commit.seq, commit.branch, "discarded")
         return Committed(False, "discarded", [])
     return Committed(False, "superseded", [])
 
@@ -358,6 +392,7 @@ async def _refused(store: Store, commit: PhaseCommit) -> Committed:
 async def record_failure(store: Store, workflow_id: str, branch: str, seq: int, error: str,
                          max_attempts: int) -> tuple[int, str] | None:
     """``Store.record_failure`` for a branch: at the limit the branch and the run fail."""
+    await guard(store, workflow_id)
     row = await store.pool.fetchrow(sql()["branch_failure"], workflow_id, branch, error, seq,
                                     max_attempts)
     return (row["attempts"], row["status"]) if row else None
@@ -365,6 +400,7 @@ async def record_failure(store: Store, workflow_id: str, branch: str, seq: int, 
 
 async def halt(store: Store, position: BranchPosition, status: str, reason: str) -> bool:
     """Stop a branch that cannot go on, and its run, with the reason."""
+    await guard(store, position.workflow_id)
     return await store.pool.fetchval(
         sql()["branch_halt"], position.workflow_id, position.branch, position.next_seq, reason,
         status) is not None
