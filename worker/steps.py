@@ -134,16 +134,56 @@ class StepLedger(Protocol):
     async def done_batches(self, workflow_id: str, batch_ids: list[str]) -> set[str]: ...
 
 
+# What "phasegate's own database is unreachable" looks like from asyncpg (as in
+# worker/transition.py, which imports this module).
+STORE_DOWN = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+              asyncpg.exceptions.OperatorInterventionError)
+
+
+class LedgerUnavailable(ConnectionError):
+    """The database failed under a step record or receipt - phasegate's own bookkeeping, not
+    the step's function. The transition hands the message back with a backoff and does NOT
+    charge the phase's retry budget, as when the database is down at the door (found by
+    bench/chaos: a database restart or a dropped connection during a step counted as a phase
+    failure, so a few blips failed a healthy run)."""
+
+
+class _StorePool:
+    """The three pool calls the ledger makes, with database outages as LedgerUnavailable."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        try:
+            return await self._pool.fetchrow(query, *args)
+        except STORE_DOWN as exc:
+            raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        try:
+            return await self._pool.fetch(query, *args)
+        except STORE_DOWN as exc:
+            raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
+
+    async def execute(self, query: str, *args: Any) -> Any:
+        try:
+            return await self._pool.execute(query, *args)
+        except STORE_DOWN as exc:
+            raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
+
+
 class PostgresLedger:
     """Step records and receipts in PostgreSQL; every method is one round trip."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self._db = _StorePool(pool)
         self._q = queries()
 
     async def claim(self, scope: StepScope, step_seq: int, name: str, category: str,
                     key: str, in_hash: str) -> StepRecord:
-        row = await self.pool.fetchrow(
+        row = await self._db.fetchrow(
             self._q["step_claim"], scope.workflow_id, scope.branch, scope.seq, step_seq, name,
             category, key, in_hash, scope.worker_id)
         if row is None:
@@ -155,32 +195,32 @@ class PostgresLedger:
         return StepRecord(**dict(row))
 
     async def find(self, scope: StepScope, step_seq: int) -> StepRecord | None:
-        row = await self.pool.fetchrow(self._q["step_find"], scope.workflow_id, scope.branch,
+        row = await self._db.fetchrow(self._q["step_find"], scope.workflow_id, scope.branch,
                                        scope.seq, step_seq)
         return StepRecord(**dict(row)) if row else None
 
     async def complete(self, scope: StepScope, step_seq: int, output: str) -> None:
-        await self.pool.execute(self._q["step_complete"], scope.workflow_id, scope.branch,
+        await self._db.execute(self._q["step_complete"], scope.workflow_id, scope.branch,
                                 scope.seq, step_seq, output)
 
     async def record_completed(self, scope: StepScope, step_seq: int, name: str,
                                category: str, key: str, in_hash: str, output: str) -> None:
-        await self.pool.execute(
+        await self._db.execute(
             self._q["step_record_completed"], scope.workflow_id, scope.branch, scope.seq,
             step_seq, name, category, key, in_hash, output, scope.worker_id)
 
     async def receipt(self, workflow_id: str, batch_id: str, artifact_id: str) -> str | None:
-        row = await self.pool.fetchrow(self._q["delivery_find"], workflow_id, batch_id,
+        row = await self._db.fetchrow(self._q["delivery_find"], workflow_id, batch_id,
                                        artifact_id)
         return None if row is None else (row["receipt"] or "null")
 
     async def record_receipt(self, scope: StepScope, batch_id: str, artifact_id: str,
                              key: str, receipt: str | None) -> None:
-        await self.pool.execute(self._q["delivery_record"], scope.workflow_id, batch_id,
+        await self._db.execute(self._q["delivery_record"], scope.workflow_id, batch_id,
                                 artifact_id, key, scope.seq, receipt, scope.worker_id)
 
     async def done_batches(self, workflow_id: str, batch_ids: list[str]) -> set[str]:
-        rows = await self.pool.fetch(self._q["delivery_done_batches"], workflow_id, batch_ids)
+        rows = await self._db.fetch(self._q["delivery_done_batches"], workflow_id, batch_ids)
         return {row["batch_id"] for row in rows}
 
 

@@ -50,7 +50,7 @@ from worker.envelope import (
 from worker.faults import Faults
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
-from worker.steps import PostgresLedger, Steps, StepScope
+from worker.steps import LedgerUnavailable, PostgresLedger, Steps, StepScope
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
 from worker.tiers import PhaseOutcome, decide, grade
 from worker.versions import Corrupt, NeedsRestart, load_verified
@@ -287,6 +287,8 @@ class PhaseTransition:
         except asyncio.CancelledError:
             self._log_phase(envelope, phase_name, started, "cancelled")
             raise
+        except LedgerUnavailable:
+            raise  # our database, not the phase: handle() hands it back, budget not charged
         except Exception as exc:
             return await self.fail(envelope, phase_name, started, exc, retryable=True)
         finally:
