@@ -39,6 +39,7 @@ class Fleet:
     finished: list[tuple[WorkerProcess, int]] = field(default_factory=list)
     relay: subprocess.Popen[bytes] | None = None
     fired_points: set[str] = field(default_factory=set)
+    _relays: int = 0
     _pending: list[str] = field(default_factory=list)
     _incarnations: Counter[int] = field(default_factory=Counter)
 
@@ -56,7 +57,8 @@ class Fleet:
         return process, path
 
     def start_relay(self) -> None:
-        self.relay, _ = self._spawn(["relay"], "relay", {})
+        self._relays += 1
+        self.relay, _ = self._spawn(["relay"], f"relay-{self._relays}", {})
 
     def start_worker(self, slot: int, *, arm: bool = True) -> WorkerProcess:
         """Start (or restart) the worker in ``slot``, armed with the next kill point if
@@ -139,6 +141,7 @@ class LogStats:
     fault_points: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     events: Counter[str] = field(default_factory=Counter)
+    phase_errors: Counter[str] = field(default_factory=Counter)  # by exception type
 
 
 def read_logs(log_dir: Path) -> LogStats:
@@ -165,4 +168,6 @@ def read_logs(log_dir: Path) -> LogStats:
                 stats.outcomes[record.get("outcome", "?")] += 1
             elif event in counted:
                 stats.events[event] += 1
+                if event == "phase_error":
+                    stats.phase_errors[str(record.get("error_type"))] += 1
     return stats

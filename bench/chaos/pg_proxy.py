@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
+import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
@@ -46,6 +47,7 @@ class PgCommitCutProxy:
         self.cuts: Counter[str] = Counter()
         self.connections = 0
         self.enabled = True
+        self._window = (0.0, 0.0)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
@@ -61,6 +63,11 @@ class PgCommitCutProxy:
     def force_next(self) -> None:
         self.forced += 1
 
+    def open_window(self, duration_s: float, probability: float) -> None:
+        """A flaky path to the database: for ``duration_s`` seconds, cut this share of the
+        matched writes after the server committed them."""
+        self._window = (time.monotonic() + duration_s, probability)
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -75,7 +82,9 @@ class PgCommitCutProxy:
         if self.forced and label == "phase_commit":
             self.forced -= 1
             return True
-        return self.rng.random() < self.probability
+        until, flaky = self._window
+        probability = flaky if time.monotonic() < until else self.probability
+        return self.rng.random() < probability
 
     async def _client(self, c_reader: asyncio.StreamReader,
                       c_writer: asyncio.StreamWriter) -> None:

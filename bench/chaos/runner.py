@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ import aioboto3
 import asyncpg
 
 from bench.chaos.downstream import Downstream
-from bench.chaos.fleet import FAULT_LINE, Fleet, read_logs
+from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
@@ -49,6 +49,7 @@ from worker.store import Store, create_pool
 
 VISIBILITY_S = 4
 MAX_MESSAGE_BYTES = 16_384
+MAX_UNFINISHED = 150  # runs started but not completed, at most (the producer waits)
 MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (worker/queue.py)
 
 
@@ -142,6 +143,7 @@ class ChaosRun:
         self.last_fault = 0.0
         self.t0 = 0.0
         self.sigterm_codes: list[int] = []
+        self.slot_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -197,6 +199,7 @@ class ChaosRun:
                 faults_expected=self._expected_faults(), faults_fired=fired,
                 drain_s=drain_s, drain_bound_s=config.drain_bound_s)
             results.append(self._clean_stops(fleet, exit_codes))
+            results.append(budget_charged_only_by_phase_errors(read_logs(log_dir)))
             stats = self._stats(log_dir, downstream, began)
         finally:
             if fleet is not None:
@@ -223,7 +226,9 @@ class ChaosRun:
                 "PHASEGATE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
                 "PHASEGATE_HEARTBEAT_S": "1", "PHASEGATE_WAIT_TIME_S": "1",
                 "PHASEGATE_SHUTDOWN_GRACE_S": "5", "PHASEGATE_RETRY_BACKOFF_S": "0.5",
-                "PHASEGATE_RETRY_BACKOFF_MAX_S": "4", "PHASEGATE_MAX_ATTEMPTS": "50",
+                # PHASEGATE_MAX_ATTEMPTS stays at its default (5): the retry budget a phase
+                # has in production is part of what the faults must not exhaust.
+                "PHASEGATE_RETRY_BACKOFF_MAX_S": "4",
                 "PHASEGATE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
                 "PHASEGATE_RELAY_AFTER_S": "2", "PHASEGATE_RELAY_INTERVAL_S": "0.5",
                 "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
@@ -279,6 +284,7 @@ class ChaosRun:
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)  # the production pace of the schedule
+                await self._backpressure(pool)
                 wid = f"cx{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:
@@ -288,6 +294,20 @@ class ChaosRun:
                     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                         await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly
                 self.started.append(wid)
+
+    async def _backpressure(self, pool: asyncpg.Pool) -> None:
+        """At most MAX_UNFINISHED runs in flight: moto rescans its queue on every call, so a
+        backlog slows every call and the backlog grows; a real producer meets the same
+        limit as queue depth."""
+        while len(self.started) >= MAX_UNFINISHED:
+            try:
+                done = await pool.fetchval("SELECT count(*) FROM workflow_runs "
+                                           "WHERE status = 'completed'")
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                done = 0
+            if len(self.started) - done < MAX_UNFINISHED:
+                return
+            await asyncio.sleep(0.5)  # polling the database for room
 
     @staticmethod
     def _moto_url(queue_url: str) -> str:
@@ -301,46 +321,27 @@ class ChaosRun:
                     queue_url: str, pool: asyncpg.Pool) -> None:
         kind, detail = event.kind, event.detail
         self.last_fault = time.monotonic()
-        if kind == "sigkill_worker":
+        if kind in ("sigkill_worker", "sigterm_worker"):
             slot = self.rng.randrange(self.config.workers)
-            worker = fleet.signal_worker(slot, signal.SIGKILL)
-            await asyncio.to_thread(worker.process.wait)
-            fleet.finished.append((worker, worker.process.returncode))
-            fleet.requeue_point(worker)
-            fleet.start_worker(slot)
-            self.fired["sigkill_worker"] += 1
-            self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
-        elif kind == "sigterm_worker":
-            slot = self.rng.randrange(self.config.workers)
-            # Until a worker has its signal handlers (it logs once it does), Python's default
-            # SIGTERM action ends it with -15 while it is still importing: it holds nothing,
-            # so there is nothing to drain. A drain test needs a started worker.
-            await self._until_started(fleet, slot)
-            worker = fleet.signal_worker(slot, signal.SIGTERM)
-            try:
-                code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
-            except TimeoutError:
-                worker.process.kill()
-                code = await asyncio.to_thread(worker.process.wait)
-            fleet.finished.append((worker, code))
-            fleet.requeue_point(worker)
-            fleet.start_worker(slot)
-            if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(
-                    errors="replace")):
-                # Its armed kill point fired while it drained: a kill (counted from the log).
-                self.say(f"SIGTERM worker {slot}.{worker.incarnation}: its kill point fired "
-                         "while draining")
-                return
-            self.sigterm_codes.append(code)
-            if code == 0:
-                self.fired["sigterm_drain"] += 1
-            self.say(f"SIGTERM worker {slot}.{worker.incarnation}: drained, exit {code}")
+            async with self.slot_locks[slot]:  # one kill or drain per worker slot at a time
+                await self._end_worker(kind, slot, fleet)
+        elif kind == "sigkill_relay":
+            if fleet.relay is not None:
+                fleet.relay.kill()
+                await asyncio.to_thread(fleet.relay.wait)
+            fleet.start_relay()
+            self.fired["sigkill_relay"] += 1
+            self.say("SIGKILL the outbox relay; restarted")
         elif kind == "pg_restart":
             self.say("pg_ctl restart -m immediate")
             await asyncio.to_thread(pg.restart, "immediate")
             self.fired["pg_restart"] += 1
         elif kind == "pg_cut_next_commit":
             pg_proxy.force_next()
+        elif kind == "pg_flaky":
+            pg_proxy.open_window(float(str(detail["duration_s"])),
+                                 float(str(detail["probability"])))
+            self.say(f"flaky database path for {detail['duration_s']}s")
         elif kind == "sqs_window":
             fault = str(detail["fault"])
             sqs_proxy.open_window(fault, float(str(detail["duration_s"])),
@@ -351,6 +352,39 @@ class ChaosRun:
             await self._send_poison(client, queue_url)
         else:
             raise ValueError(f"unknown event {kind}")
+
+    async def _end_worker(self, kind: str, slot: int, fleet: Fleet) -> None:
+        if kind == "sigkill_worker":
+            worker = fleet.signal_worker(slot, signal.SIGKILL)
+            await asyncio.to_thread(worker.process.wait)
+            fleet.finished.append((worker, worker.process.returncode))
+            fleet.requeue_point(worker)
+            fleet.start_worker(slot)
+            self.fired["sigkill_worker"] += 1
+            self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
+            return
+        # Until a worker has its signal handlers (it logs once it does), Python's default
+        # SIGTERM action ends it with -15 while it is still importing: it holds nothing, so
+        # there is nothing to drain. A drain test needs a started worker.
+        await self._until_started(fleet, slot)
+        worker = fleet.signal_worker(slot, signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
+        except TimeoutError:
+            worker.process.kill()
+            code = await asyncio.to_thread(worker.process.wait)
+        fleet.finished.append((worker, code))
+        fleet.requeue_point(worker)
+        fleet.start_worker(slot)
+        if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(errors="replace")):
+            # Its armed kill point fired while it drained: a kill (counted from its log).
+            self.say(f"SIGTERM worker {slot}.{worker.incarnation}: its kill point fired "
+                     "while draining")
+            return
+        self.sigterm_codes.append(code)
+        if code == 0:
+            self.fired["sigterm_drain"] += 1
+        self.say(f"SIGTERM worker {slot}.{worker.incarnation}: drained, exit {code}")
 
     @staticmethod
     async def _until_started(fleet: Fleet, slot: int, within_s: float = 30) -> None:
@@ -442,6 +476,7 @@ class ChaosRun:
     def _expected_faults(self) -> list[str]:
         kinds = {e.kind for e in self.schedule.events}
         expected = [*(f"kill@{p}" for p in KILL_POINTS), "sigkill_worker", "sigterm_drain",
+                    "sigkill_relay",
                     "pg_restart", "pg_commit_cut", *(f"sqs_{f}" for f in SQS_FAULTS),
                     "duplicate_after_window", "duplicate_in_window", "poison",
                     "downstream_response_lost"]
@@ -491,6 +526,16 @@ class ChaosRun:
             "worker events": dict(sorted(logs.events.items())),
             "wall time": f"{time.monotonic() - began:.1f}s",
         }
+
+
+def budget_charged_only_by_phase_errors(logs: LogStats) -> Result:
+    """A phase's retry budget (PHASEGATE_MAX_ATTEMPTS) is for the phase's own errors; the
+    workload raises only DownstreamError, so any other charged error is phasegate's own
+    infrastructure (its database, its queue) being billed to the phase."""
+    foreign = {k: v for k, v in logs.phase_errors.items() if k != "DownstreamError"}
+    return Result("retry budget charged only by the phase's own errors", not foreign,
+                  f"phase errors by type: {dict(logs.phase_errors) or 'none'}"
+                  + (f"; charged for infrastructure faults: {foreign}" if foreign else ""))
 
 
 def run_chaos(config: ChaosConfig) -> Report:

@@ -76,16 +76,29 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     scale = 5 if long else 1
     spread("sigkill_worker", 3 * scale, start=4.0)
     spread("sigterm_worker", 2 * scale, start=6.0)
+    spread("sigkill_relay", 1 * scale, start=12.0)
     spread("pg_restart", 2 * scale, start=8.0)
     spread("duplicates", 4 * scale, start=3.0, count=6)
     spread("poison", 2 * scale, start=3.0)
     # SQS fault windows: each kind gets windows of a few seconds where the proxy injects it.
+    # Outages come first; the other windows avoid them (an outage would hide them, and I6
+    # would then count a fault that never reached anyone).
+    outages: list[tuple[float, float]] = []
     for kind in SQS_FAULTS:
         for _ in range(1 * scale if kind == "outage" else 2 * scale):
-            start = round(rng.uniform(3.0, window - 20.0), 2)
             duration = rng.uniform(12.0, 18.0) if kind == "outage" else rng.uniform(2.0, 5.0)
+            start = round(rng.uniform(3.0, window - 20.0), 2)
+            for _attempt in range(50):
+                if not any(a - duration < start < b for a, b in outages):
+                    break
+                start = round(rng.uniform(3.0, window - 20.0), 2)
+            if kind == "outage":
+                outages.append((start, start + duration))
             events.append(Event(start, "sqs_window",
                                 {"fault": kind, "duration_s": round(duration, 2)}))
+    # A flaky path to the database: for a few seconds most answers to commits and step
+    # records are lost after the server committed them.
+    spread("pg_flaky", 1 * scale, start=14.0, duration_s=10.0, probability=0.6)
     # Commit cuts are probabilistic per commit statement, but at least one is forced early.
     events.append(Event(round(rng.uniform(3.0, 10.0), 2), "pg_cut_next_commit", {}))
     events.sort(key=lambda e: (e.at_s, e.kind))

@@ -20,6 +20,7 @@ from worker import Context, Workflow
 DOWNSTREAM_ENV = "PHASEGATE_CHAOS_DOWNSTREAM_URL"
 PHASES = ("plan", "fetch", "transform", "write", "publish")
 STEP_NAME = "effect"
+LONG_PHASE_S = 6.0  # > the chaos run's 4 s visibility timeout
 FIRST_STEP_SEQ = 1  # steps are numbered 1, 2, ... in call order (worker/steps.py)
 
 chaos = Workflow("chaos", schema_version=1)
@@ -57,10 +58,17 @@ async def write_step(ctx: Context) -> dict[str, Any]:
     return result
 
 
+def work_seconds(workflow_id: str, seq: int) -> float:
+    """Deterministic work per phase: mostly milliseconds, but one phase in 30 runs longer than
+    the visibility timeout, so its lease lives on the heartbeat alone (and is lost when SQS
+    misbehaves: then two workers run that phase at once)."""
+    digest = int(hashlib.sha256(f"{workflow_id}:{seq}".encode()).hexdigest()[:8], 16)
+    return LONG_PHASE_S if digest % 30 == 0 else (digest % 20) / 1000
+
+
 def _make_phase(name: str) -> None:
     async def phase(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
-        # A little deterministic work before the effect, so phases overlap in the fleet.
-        await asyncio.sleep((int(ctx.workflow_id[-2:], 16) % 20) / 1000)
+        await asyncio.sleep(work_seconds(ctx.workflow_id, ctx.seq))  # the phase's own work
         effect = await write_step(ctx)
         return {**state, "trail": [*state.get("trail", []), name],
                 "effects": [*state.get("effects", []), effect["effect_id"]]}
