@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--long", action="store_true",
-                        help="the long schedule: a 600 s fault window, five times the faults")
+                        help="the long schedule: a 900 s fault window, five times the faults")
     parser.add_argument("--drain-bound", type=float, default=120.0,
                         help="I7: seconds allowed from the last fault to a drained system")
     parser.add_argument("--log-dir", type=Path, default=None)

@@ -61,10 +61,10 @@ class Schedule:
 
 def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = False) -> Schedule:
     rng = random.Random(seed)
-    # The long run produces its workflows over 80% of a 600 s window (about 4 a second for
+    # The long run produces its workflows over 80% of a 900 s window (about 2.8 a second for
     # 2,000): a pace the fleet keeps up with on two cores, so faults land on a busy system
     # instead of on a backlog.
-    window = 600.0 if long else 40.0
+    window = 900.0 if long else 40.0
     events: list[Event] = []
 
     def spread(kind: str, times: int, start: float = 2.0, **detail: object) -> None:
