@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,21 +34,19 @@ import asyncpg
 
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
+from bench.chaos.inject import MAX_MESSAGE_BYTES, Injector
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
-from bench.chaos.poison import make_poison
-from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, Event, build_schedule
+from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
 from orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
 from orchestrator.starter import start_workflow
-from worker.envelope import dedup_id, phase_message, start_message
 from worker.migrate import migrate
 from worker.queue import SqsQueue, create_fifo_queue_pair
 from worker.store import Store, create_pool
 
 VISIBILITY_S = 4
-MAX_MESSAGE_BYTES = 16_384
 MAX_UNFINISHED = 150  # runs started but not completed, at most (the producer waits)
 MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (worker/queue.py)
 
@@ -143,7 +141,6 @@ class ChaosRun:
         self.last_fault = 0.0
         self.t0 = 0.0
         self.sigterm_codes: list[int] = []
-        self.slot_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -243,34 +240,38 @@ class ChaosRun:
         window = self.schedule.fault_window_s
         start = time.monotonic()
         self.t0 = start
+        injector = Injector(run=self, fleet=fleet, pg=pg, pg_proxy=pg_proxy,
+                            sqs_proxy=sqs_proxy, client=client, queue_url=queue_url, pool=pool)
         producer = asyncio.create_task(self._produce(pool, queue_url, window * 0.8))
         events = list(self.schedule.events)
         background: set[asyncio.Task[None]] = set()
         last_progress = 0.0
-        while time.monotonic() - start < window or events:
+        window_over = False
+        while not (window_over and producer.done()):
             now = time.monotonic() - start
             while events and events[0].at_s <= now:
-                event = events.pop(0)
-                task = asyncio.create_task(self._fire(event, fleet, pg, pg_proxy, sqs_proxy,
-                                                      client, queue_url, pool))
+                task = asyncio.create_task(injector.fire(events.pop(0)))
                 background.add(task)
                 task.add_done_callback(background.discard)
             for worker in fleet.reap():
                 self.last_fault = time.monotonic()
                 self.say(f"worker {worker.slot}.{worker.incarnation} died "
                          f"({worker.faults or 'no armed point'}); restarted")
+            if not window_over and now >= window and not events:
+                # The fault window is over: no new armed workers, no more proxy faults.
+                window_over = True
+                await asyncio.gather(*background)
+                fleet.armed = False
+                pg_proxy.enabled = False
+                downstream.response_lost_probability = 0.0
+                self.last_fault = max(self.last_fault, time.monotonic())
+                self.say(f"fault window over ({len(self.started)} runs started in it)")
             if now - last_progress > 5:
                 last_progress = now
                 await self._progress(pool, fleet)
             await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
-        await producer
-        await asyncio.gather(*background)
-        # The fault window is over: no new armed workers, no more proxy faults.
-        fleet.armed = False
-        pg_proxy.enabled = False
-        downstream.response_lost_probability = 0.0
-        self.last_fault = max(self.last_fault, time.monotonic())
-        self.say("fault window over; waiting for the system to drain")
+        producer.result()
+        self.say("all runs started; waiting for the system to drain")
         return await self._wait_drained(fleet, pool, client, queue_url)
 
     async def _produce(self, pool: asyncpg.Pool, queue_url: str, over_s: float) -> None:
@@ -315,121 +316,6 @@ class ChaosRun:
         return "/".join(parts[:3])
 
     # -- the faults -----------------------------------------------------------------------------
-
-    async def _fire(self, event: Event, fleet: Fleet, pg: EmbeddedPostgres,
-                    pg_proxy: PgCommitCutProxy, sqs_proxy: SqsFaultProxy, client: Any,
-                    queue_url: str, pool: asyncpg.Pool) -> None:
-        kind, detail = event.kind, event.detail
-        self.last_fault = time.monotonic()
-        if kind in ("sigkill_worker", "sigterm_worker"):
-            slot = self.rng.randrange(self.config.workers)
-            async with self.slot_locks[slot]:  # one kill or drain per worker slot at a time
-                await self._end_worker(kind, slot, fleet)
-        elif kind == "sigkill_relay":
-            if fleet.relay is not None:
-                fleet.relay.kill()
-                await asyncio.to_thread(fleet.relay.wait)
-            fleet.start_relay()
-            self.fired["sigkill_relay"] += 1
-            self.say("SIGKILL the outbox relay; restarted")
-        elif kind == "pg_restart":
-            self.say("pg_ctl restart -m immediate")
-            await asyncio.to_thread(pg.restart, "immediate")
-            self.fired["pg_restart"] += 1
-        elif kind == "pg_cut_next_commit":
-            pg_proxy.force_next()
-        elif kind == "pg_flaky":
-            pg_proxy.open_window(float(str(detail["duration_s"])),
-                                 float(str(detail["probability"])))
-            self.say(f"flaky database path for {detail['duration_s']}s")
-        elif kind == "sqs_window":
-            fault = str(detail["fault"])
-            sqs_proxy.open_window(fault, float(str(detail["duration_s"])),
-                                  self.schedule.sqs_fault_probability[fault])
-        elif kind == "duplicates":
-            await self._send_duplicates(client, queue_url, pool, int(str(detail["count"])))
-        elif kind == "poison":
-            await self._send_poison(client, queue_url)
-        else:
-            raise ValueError(f"unknown event {kind}")
-
-    async def _end_worker(self, kind: str, slot: int, fleet: Fleet) -> None:
-        if kind == "sigkill_worker":
-            worker = fleet.signal_worker(slot, signal.SIGKILL)
-            await asyncio.to_thread(worker.process.wait)
-            fleet.finished.append((worker, worker.process.returncode))
-            fleet.requeue_point(worker)
-            fleet.start_worker(slot)
-            self.fired["sigkill_worker"] += 1
-            self.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
-            return
-        # Until a worker has its signal handlers (it logs once it does), Python's default
-        # SIGTERM action ends it with -15 while it is still importing: it holds nothing, so
-        # there is nothing to drain. A drain test needs a started worker.
-        await self._until_started(fleet, slot)
-        worker = fleet.signal_worker(slot, signal.SIGTERM)
-        try:
-            code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
-        except TimeoutError:
-            worker.process.kill()
-            code = await asyncio.to_thread(worker.process.wait)
-        fleet.finished.append((worker, code))
-        fleet.requeue_point(worker)
-        fleet.start_worker(slot)
-        if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(errors="replace")):
-            # Its armed kill point fired while it drained: a kill (counted from its log).
-            self.say(f"SIGTERM worker {slot}.{worker.incarnation}: its kill point fired "
-                     "while draining")
-            return
-        self.sigterm_codes.append(code)
-        if code == 0:
-            self.fired["sigterm_drain"] += 1
-        self.say(f"SIGTERM worker {slot}.{worker.incarnation}: drained, exit {code}")
-
-    @staticmethod
-    async def _until_started(fleet: Fleet, slot: int, within_s: float = 30) -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            worker = fleet.workers[slot]
-            if worker.process.poll() is None and b'"event"' in worker.log.read_bytes():
-                return
-            await asyncio.sleep(0.1)  # polling a log file under a deadline
-
-    async def _send_duplicates(self, client: Any, queue_url: str, pool: asyncpg.Pool,
-                               count: int) -> None:
-        """Same envelope again: with a new dedup id (as if after SQS's 5-minute window), and
-        with the original dedup id (inside the window: SQS drops it)."""
-        if not self.started:
-            return
-        picks = self.rng.sample(self.started, min(count, len(self.started)))
-        try:
-            rows = await pool.fetch("SELECT workflow_id, next_seq, status FROM workflow_runs "
-                                    "WHERE workflow_id = ANY($1)", picks)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            return
-        for row in rows:
-            wid, next_seq = row["workflow_id"], row["next_seq"]
-            seqs = [s for s in (next_seq - 1, next_seq) if 0 <= s < len(PHASES)]
-            for seq in seqs:
-                envelope = (start_message(wid, chaos.name, None) if seq == 0 else
-                            phase_message(wid, chaos.name, seq, PHASES[seq]))
-                for dedup, label in ((uuid.uuid4().hex, "duplicate_after_window"),
-                                     (dedup_id(wid, "main", seq), "duplicate_in_window")):
-                    await client.send_message(QueueUrl=queue_url, MessageBody=envelope.to_json(),
-                                              MessageGroupId=envelope.group_id,
-                                              MessageDeduplicationId=dedup)
-                    self.fired[label] += 1
-
-    async def _send_poison(self, client: Any, queue_url: str) -> None:
-        live = self.rng.choice(self.started) if self.started else "none"
-        for kind in POISON_KINDS:
-            poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)
-            response = await client.send_message(
-                QueueUrl=queue_url, MessageBody=poison.body, MessageGroupId=poison.group_id,
-                MessageDeduplicationId=uuid.uuid4().hex)
-            self.poisons.append(SentPoison(kind, response["MessageId"], poison.marker,
-                                           poison.live_workflow_id))
-            self.fired["poison"] += 1
 
     # -- waiting and reporting ------------------------------------------------------------------
 

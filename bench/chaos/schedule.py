@@ -84,14 +84,15 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     # Outages come first; the other windows avoid them (an outage would hide them, and I6
     # would then count a fault that never reached anyone).
     outages: list[tuple[float, float]] = []
-    for kind in SQS_FAULTS:
+    for kind in sorted(SQS_FAULTS, key=lambda k: k != "outage"):
         for _ in range(1 * scale if kind == "outage" else 2 * scale):
             duration = rng.uniform(12.0, 18.0) if kind == "outage" else rng.uniform(2.0, 5.0)
-            start = round(rng.uniform(3.0, window - 20.0), 2)
-            for _attempt in range(50):
+            latest = window - (20.0 if kind == "outage" else 6.0)
+            start = round(rng.uniform(3.0, latest), 2)
+            for _attempt in range(100):
                 if not any(a - duration < start < b for a, b in outages):
                     break
-                start = round(rng.uniform(3.0, window - 20.0), 2)
+                start = round(rng.uniform(3.0, latest), 2)
             if kind == "outage":
                 outages.append((start, start + duration))
             events.append(Event(start, "sqs_window",

@@ -1,0 +1,84 @@
+"""Fast checks of the chaos suite's parts and of the engine fix it led to (no servers)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from bench.chaos.pg_proxy import classify
+from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
+from bench.chaos.workload import expected_key
+from worker.faults import POINTS
+from worker.sql import queries
+from worker.steps import LedgerUnavailable, _StorePool, idempotency_key
+from worker.transition import DATABASE_DOWN
+
+
+def test_same_seed_same_schedule_and_every_kind_scheduled() -> None:
+    one = build_schedule(5, workflows=100, workers=3)
+    assert one.to_json() == build_schedule(5, workflows=100, workers=3).to_json()
+    assert one.to_json() != build_schedule(6, workflows=100, workers=3).to_json()
+    kinds = {e.kind for e in one.events}
+    assert {"sigkill_worker", "sigterm_worker", "sigkill_relay", "pg_restart", "pg_flaky",
+            "duplicates", "poison", "sqs_window"} <= kinds
+    windows = {e.detail["fault"] for e in one.events if e.kind == "sqs_window"}
+    assert windows == set(SQS_FAULTS)
+    assert {p.partition("@")[0] for p in one.kill_points[:len(KILL_POINTS)]} == set(KILL_POINTS)
+    assert set(KILL_POINTS) <= POINTS
+    assert len(POISON_KINDS) == 10
+
+
+def test_outages_never_hide_other_sqs_windows() -> None:
+    for seed in range(20):
+        events = build_schedule(seed, workflows=100, workers=3).events
+        outages = [(e.at_s, e.at_s + float(str(e.detail["duration_s"]))) for e in events
+                   if e.kind == "sqs_window" and e.detail["fault"] == "outage"]
+        for e in events:
+            if e.kind == "sqs_window" and e.detail["fault"] != "outage":
+                end = e.at_s + float(str(e.detail["duration_s"]))
+                assert not any(a < end and e.at_s < b for a, b in outages), (seed, e)
+
+
+def test_the_proxy_recognises_the_statements_it_cuts() -> None:
+    q = queries()
+    assert classify(q["commit_phase"]) == "phase_commit"
+    assert classify(q["step_claim"]) == "step_claim"
+    assert classify(q["step_complete"]) == "step_complete"
+    assert classify(q["load_for_phase"]) is None
+
+
+def test_the_checker_computes_the_design_key_independently() -> None:
+    assert expected_key("wf_1", "main", 3, 1) == idempotency_key("wf_1", "main", 3, 1)
+    assert len(expected_key("wf_1", "main", 3, 1)) == 32
+
+
+class _DownPool:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def fetchrow(self, *args: object) -> None:
+        raise self.error
+
+    async def fetch(self, *args: object) -> None:
+        raise self.error
+
+    async def execute(self, *args: object) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [
+    asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed"),
+    ConnectionResetError("reset"), asyncpg.exceptions.CannotConnectNowError("starting up")])
+async def test_a_database_outage_under_a_step_record_is_not_a_phase_error(error) -> None:
+    pool = _StorePool(_DownPool(error))  # type: ignore[arg-type]
+    for call in (pool.fetchrow, pool.fetch, pool.execute):
+        with pytest.raises(LedgerUnavailable):
+            await call("SELECT 1")
+    # handle() releases what DATABASE_DOWN matches with a backoff, without charging the phase.
+    assert isinstance(LedgerUnavailable("x"), DATABASE_DOWN)
+
+
+async def test_a_real_query_error_under_a_step_record_stays_what_it_is() -> None:
+    pool = _StorePool(_DownPool(asyncpg.exceptions.UniqueViolationError("dup")))  # type: ignore[arg-type]
+    with pytest.raises(asyncpg.exceptions.UniqueViolationError):
+        await pool.execute("INSERT ...")
