@@ -260,9 +260,9 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
     finally:
         codes = fleet.stop_all()
     clean = sum(1 for code in codes if code == 0)
-    killed = sum(1 for code in codes if code == -signal.SIGKILL)
+    sigkilled = sum(1 for code in codes if code == -signal.SIGKILL)
     display.say(f"stopped {len(codes)} processes: {clean} exited 0 on SIGTERM, "
-                f"{killed} SIGKILLed by the demo, {len(codes) - clean - killed} other")
+                f"{sigkilled} SIGKILLed by the demo, {len(codes) - clean - sigkilled} other")
     lines, ok = await summarize(dsn, runs, fleet_dir)
     for line in lines:
         display.say(line)
