@@ -82,3 +82,25 @@ async def test_a_real_query_error_under_a_step_record_stays_what_it_is() -> None
     pool = _StorePool(_DownPool(asyncpg.exceptions.UniqueViolationError("dup")))  # type: ignore[arg-type]
     with pytest.raises(asyncpg.exceptions.UniqueViolationError):
         await pool.execute("INSERT ...")
+
+
+@pytest.mark.parametrize("after_s", [0.3, 0.8])
+def test_a_worker_stopped_while_still_importing_exits_cleanly(after_s: float) -> None:
+    """A SIGTERM before the worker's event loop exists (a pod scaled in right after it
+    started) is a clean stop: exit 0, not death by signal (found by bench/chaos)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PHASEGATE_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none",
+           "PHASEGATE_QUEUE_URL": "http://127.0.0.1:1/q", "PHASEGATE_DLQ_URL": "http://127.0.0.1:1/d",
+           "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload", "PHASEGATE_METRICS_PORT": "0",
+           "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(after_s)  # the fault itself: when the SIGTERM lands
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
