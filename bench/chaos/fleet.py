@@ -26,6 +26,7 @@ class WorkerProcess:
     process: subprocess.Popen[bytes]
     log: Path
     expected_exit: str | None = None  # "sigkill" / "sigterm" when the runner ends it
+    started_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from bench.chaos.runner import ChaosRun
 
 MAX_MESSAGE_BYTES = 16_384  # the workers' PHASEGATE_MAX_MESSAGE_BYTES in a chaos run
+SHUTDOWN_GRACE_S = 5.0  # the workers' PHASEGATE_SHUTDOWN_GRACE_S in a chaos run
+SHUTDOWN_MARGIN_S = 10.0  # the chart's default shutdownMarginSeconds
+INTERPRETER_START_S = 0.3
 
 
 @dataclass
@@ -92,16 +95,22 @@ class Injector:
             self.run.fired["sigkill_worker"] += 1
             self.run.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
             return
-        # Until a worker has its signal handlers (it logs once it does), Python's default
-        # SIGTERM action ends it with -15 while it is still importing: it holds nothing, so
-        # there is nothing to drain. A drain test needs a started worker.
-        await self._until_started(fleet, slot)
+        # No Python code runs in the first moments of a process (the interpreter starts), so
+        # nothing can turn a SIGTERM there into a clean stop; from then on it must be one.
+        await self._until_age(fleet, slot, INTERPRETER_START_S)
         worker = fleet.signal_worker(slot, signal.SIGTERM)
+        signalled = time.monotonic()
         try:
-            code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait), 30)
+            # Kubernetes SIGKILLs at terminationGracePeriodSeconds, which the chart requires to
+            # exceed the drain grace plus a margin: a drain that outlives it is a failed drain.
+            code = await asyncio.wait_for(asyncio.to_thread(worker.process.wait),
+                                          SHUTDOWN_GRACE_S + SHUTDOWN_MARGIN_S)
         except TimeoutError:
             worker.process.kill()
             code = await asyncio.to_thread(worker.process.wait)
+            self.run.say(f"SIGTERM worker {slot}.{worker.incarnation}: still draining after "
+                         f"{SHUTDOWN_GRACE_S + SHUTDOWN_MARGIN_S:g}s, killed as Kubernetes would")
+        self.run.drain_seconds.append(round(time.monotonic() - signalled, 2))
         fleet.finished.append((worker, code))
         fleet.requeue_point(worker)
         fleet.start_worker(slot)
@@ -116,13 +125,10 @@ class Injector:
         self.run.say(f"SIGTERM worker {slot}.{worker.incarnation}: drained, exit {code}")
 
     @staticmethod
-    async def _until_started(fleet: Fleet, slot: int, within_s: float = 30) -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            worker = fleet.workers[slot]
-            if worker.process.poll() is None and b'"event"' in worker.log.read_bytes():
-                return
-            await asyncio.sleep(0.1)  # polling a log file under a deadline
+    async def _until_age(fleet: Fleet, slot: int, age_s: float) -> None:
+        wait = fleet.workers[slot].started_at + age_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)  # part of the fault schedule: when the SIGTERM lands
 
     async def _send_duplicates(self, count: int) -> None:
         """Same envelope again: with a new dedup id (as if after SQS's 5-minute window), and

@@ -34,7 +34,7 @@ import asyncpg
 
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
-from bench.chaos.inject import MAX_MESSAGE_BYTES, Injector
+from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
@@ -141,6 +141,8 @@ class ChaosRun:
         self.last_fault = 0.0
         self.t0 = 0.0
         self.sigterm_codes: list[int] = []
+        self.drain_seconds: list[float] = []
+        self.production_s = 0.0
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -222,7 +224,8 @@ class ChaosRun:
                 "PHASEGATE_CONCURRENCY": str(self.config.concurrency),
                 "PHASEGATE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
                 "PHASEGATE_HEARTBEAT_S": "1", "PHASEGATE_WAIT_TIME_S": "1",
-                "PHASEGATE_SHUTDOWN_GRACE_S": "5", "PHASEGATE_RETRY_BACKOFF_S": "0.5",
+                "PHASEGATE_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
+                "PHASEGATE_RETRY_BACKOFF_S": "0.5",
                 # PHASEGATE_MAX_ATTEMPTS stays at its default (5): the retry budget a phase
                 # has in production is part of what the faults must not exhaust.
                 "PHASEGATE_RETRY_BACKOFF_MAX_S": "4",
@@ -272,7 +275,9 @@ class ChaosRun:
             await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
         producer.result()
         self.say("all runs started; waiting for the system to drain")
-        return await self._wait_drained(fleet, pool, client, queue_url)
+        drained = await self._wait_drained(fleet, pool, client, queue_url)
+        self.production_s = time.monotonic() - start
+        return drained
 
     async def _produce(self, pool: asyncpg.Pool, queue_url: str, over_s: float) -> None:
         store = Store(pool)
@@ -404,12 +409,24 @@ class ChaosRun:
         attempts = Counter((a.workflow_id, a.seq) for a in downstream.ledger.attempts)
         redone = sum(n - 1 for n in attempts.values())
         transitions = len(self.started) * len(PHASES)
+        first: dict[tuple[str, int], float] = {}
+        for a in downstream.ledger.attempts:
+            first.setdefault((a.workflow_id, a.seq), a.at)
+        # A phase still running on a worker that lost its lease after the run moved on: its
+        # commit is refused and its effect deduplicated by key.
+        stale = sum(1 for a in downstream.ledger.attempts
+                    if (a.workflow_id, a.seq + 1) in first
+                    and a.at > first[(a.workflow_id, a.seq + 1)])
         return {
             "phase transitions": transitions,
+            "throughput": f"{transitions / max(1e-9, self.production_s):.1f} "
+                          "phase transitions/s (start of production to drained)",
             "phase outcomes (worker logs)": dict(sorted(logs.outcomes.items())),
             "phase executions with an effect attempt": sum(attempts.values()),
             "redone executions (same key again)": redone,
+            "stale executions (after the run moved on)": stale,
             "worker events": dict(sorted(logs.events.items())),
+            "SIGTERM drain durations (s)": sorted(self.drain_seconds),
             "wall time": f"{time.monotonic() - began:.1f}s",
         }
 
