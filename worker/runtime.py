@@ -42,6 +42,12 @@ from worker.workflow import Registry
 log = structlog.get_logger("phasegate.worker")
 
 
+# Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
+# even when a single workflow runs, off the transition's path (nothing waits on it). Far below
+# the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
+MARK_SENT_LINGER_S = 0.05
+
+
 class StartupError(Exception):
     """The worker could not reach what it needs before the startup timeout."""
 
@@ -152,7 +158,8 @@ class Worker:
             assert self.store is not None and self.queue is not None and self.dlq is not None
             deleter = MicroBatcher[str](self.queue.delete)
             releaser = MicroBatcher[tuple[str, int]](self.queue.change_visibility)
-            mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=500, max_concurrent=2)
+            mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=500, max_concurrent=2,
+                                          linger_s=MARK_SENT_LINGER_S)
             sender = MicroBatcher[Outgoing](self.queue.send)
             self._delete, self._release = deleter.submit, releaser.submit
             self.transition = PhaseTransition(
