@@ -34,7 +34,8 @@ def test_ready_hook_creates_fifo_queue_and_dlq_with_redrive(sqs_server, capsys):
 
     sqs = boto3.client("sqs", endpoint_url=sqs_server.endpoint_url, region_name="us-east-1",
                        aws_access_key_id="test", aws_secret_access_key="test")
-    urls = sorted(sqs.list_queues()["QueueUrls"])
+    # moto keeps one backend per process: other tests' queues are visible here too.
+    urls = sorted(sqs.list_queues(QueueNamePrefix="phasegate")["QueueUrls"])
     assert [u.rsplit("/", 1)[-1] for u in urls] == ["phasegate-dlq.fifo", "phasegate.fifo"]
     attrs = {u.rsplit("/", 1)[-1]: sqs.get_queue_attributes(
         QueueUrl=u, AttributeNames=["All"])["Attributes"] for u in urls}
