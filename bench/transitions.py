@@ -505,6 +505,8 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 skip_processes: bool = False, server_dsn: str | None = None,
                 workloads: list[Workload] | None = None) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
+    # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
+    os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn).start()
     env = Env(databases)
     try:
@@ -552,7 +554,7 @@ def main() -> None:
     result = asyncio.run(bench(quick=args.quick, backends=args.backends.split(","),
                                repeats=repeats, process_repeats=process_repeats,
                                skip_processes=args.skip_processes))
-    result["command"] = "python -m bench.transitions " + " ".join(sys.argv[1:])
+    result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
     path = RESULTS / f"{name}.json"
