@@ -123,7 +123,8 @@ def relay() -> None:
                                 region=settings.aws_region) as queue:
                 holder["relay"] = Relay(
                     store=Store(pool), queue=queue, after_s=settings.relay_after_s,
-                    interval_s=settings.relay_interval_s, batch=settings.relay_batch)
+                    interval_s=settings.relay_interval_s, batch=settings.relay_batch,
+                    stall_after_s=settings.relay_stall_after_s)
                 await holder["relay"].run()
         finally:
             await pool.close()

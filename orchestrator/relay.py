@@ -1,7 +1,9 @@
 """The outbox relay: sends successor messages a crashed worker committed but never sent.
 
 A worker sends its successor right after the commit; the relay only picks up rows still
-unsent ``relay_after_s`` seconds after their commit (database time). Rows are claimed with
+unsent ``relay_after_s`` seconds after their commit (database time). A run that has not
+moved for ``relay_stall_after_s`` although its message was sent gets that message again
+under a new deduplication id (the message was lost). Rows are claimed with
 ``FOR UPDATE SKIP LOCKED`` inside one transaction, so several relays can run at once. A row
 the worker sends while the relay also does is harmless: the deduplication id is the same,
 and a worker treats an already-committed seq as a duplicate.
@@ -23,10 +25,13 @@ log = structlog.get_logger("phasegate.relay")
 
 class Relay:
     def __init__(self, *, store: Store, queue: Queue, after_s: float = 5.0,
-                 interval_s: float = 1.0, batch: int = 100) -> None:
+                 interval_s: float = 1.0, batch: int = 100,
+                 stall_after_s: float = 300.0) -> None:
         self.store = store
         self.queue = queue
         self.after_s = after_s
+        self.stall_after_s = stall_after_s
+        self.requeued = 0
         self.interval_s = interval_s
         self.batch = batch
         self.relayed = 0
@@ -40,6 +45,7 @@ class Relay:
         log.info("relay_started", after_s=self.after_s, interval_s=self.interval_s)
         while not self._stop.is_set():
             try:
+                await self.requeue_stalled()
                 sent = await self.relay_once()
                 metrics.OUTBOX_LAG.set(await self.store.outbox_lag_s())
             except Exception as exc:
@@ -49,6 +55,18 @@ class Relay:
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval_s)
         log.info("relay_stopped", relayed=self.relayed)
+
+    async def requeue_stalled(self) -> int:
+        """Mark the sent-but-never-processed message of stalled runs unsent again, under a
+        new deduplication id, for this round to send (found by bench/chaos: a message lost
+        after it was sent left its run stuck forever, the outbox row being marked sent)."""
+        rows = await self.store.pool.fetch(self.store._q["requeue_stalled"],
+                                           self.stall_after_s, self.batch)
+        if rows:
+            self.requeued += len(rows)
+            log.warning("requeued_stalled_runs", runs=len(rows),
+                        stalled_for_s=self.stall_after_s)
+        return len(rows)
 
     async def relay_once(self) -> int:
         """Send one batch of overdue rows; returns how many were sent."""

@@ -118,7 +118,8 @@ class Orchestrator:
                     self._relay = Relay(store=Store(pool), queue=queue,
                                         after_s=settings.relay_after_s,
                                         interval_s=settings.relay_interval_s,
-                                        batch=settings.relay_batch)
+                                        batch=settings.relay_batch,
+                                        stall_after_s=settings.relay_stall_after_s)
                     tasks["relay"] = self._relay.run
                     for region, regional in sorted((router.stores if router else {}).items()):
                         if region == DEFAULT_REGION:
@@ -126,7 +127,8 @@ class Orchestrator:
                         relay = Relay(store=regional, queue=queue,
                                       after_s=settings.relay_after_s,
                                       interval_s=settings.relay_interval_s,
-                                      batch=settings.relay_batch)
+                                      batch=settings.relay_batch,
+                                      stall_after_s=settings.relay_stall_after_s)
                         self._regional_relays.append(relay)
                         tasks[f"relay-{region}"] = relay.run
                 self._exporter = QueueDepthExporter(

@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     relay_after_s: float = Field(default=5.0, ge=0)
     relay_interval_s: float = Field(default=1.0, gt=0)
     relay_batch: int = Field(default=100, ge=1, le=10_000)
+    # A run idle this long although its next message was sent: that message is resent.
+    relay_stall_after_s: float = Field(default=300.0, gt=0)
 
     # -- observability
     metrics_host: str = "0.0.0.0"

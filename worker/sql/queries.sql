@@ -123,6 +123,30 @@ SELECT outbox_id, dedup_id, group_id, body
  LIMIT $2
  FOR UPDATE SKIP LOCKED;
 
+-- name: requeue_stalled
+-- Relay: a run that has not moved for $1 seconds although the message that wakes it was sent
+-- as long ago. SQS lost that message, or something deleted it unprocessed ("a lost message
+-- must never lose work"). The row becomes unsent again under a new deduplication id (SQS
+-- would drop the old one for 5 minutes), so the relay sends it once more; if the first copy
+-- was not lost after all, the worker sees a duplicate by seq.
+WITH stalled AS (
+    SELECT o.outbox_id
+      FROM workflow_runs r
+      JOIN LATERAL (
+          SELECT outbox_id, sent_at FROM outbox o
+           WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
+           ORDER BY outbox_id DESC LIMIT 1) o ON true
+     WHERE r.status IN ('pending', 'running')
+       AND r.updated_at < now() - make_interval(secs => $1)
+       AND o.sent_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+UPDATE outbox SET sent_at = NULL,
+       dedup_id = left(outbox.dedup_id, 64) || ':r' || floor(extract(epoch FROM now()))::bigint
+  FROM stalled
+ WHERE outbox.outbox_id = stalled.outbox_id
+RETURNING outbox.workflow_id;
+
 -- name: outbox_lag
 -- Age of the oldest unsent outbox row, in seconds (0 when none).
 SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
