@@ -44,6 +44,7 @@ class Downstream:
         self.rng = random.Random(seed)
         self.response_lost_probability = response_lost_probability
         self.responses_lost = 0
+        self.lose_next = 0  # armed by the schedule: the next calls' answers are lost
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -79,7 +80,10 @@ class Downstream:
             # The effect itself: applied once per key, numbered in order of application.
             self.ledger.effects[key] = len(self.ledger.effects) + 1
             self.ledger.applied[key] += 1
-        if self.response_lost_probability and self.rng.random() < self.response_lost_probability:
+        lose = self.lose_next > 0 or (self.response_lost_probability
+                                      and self.rng.random() < self.response_lost_probability)
+        if lose:
+            self.lose_next = max(0, self.lose_next - 1)
             self.responses_lost += 1
             return web.json_response({"error": "injected: response lost"}, status=503)
         return web.json_response({"effect_id": self.ledger.effects[key], "duplicate": duplicate})

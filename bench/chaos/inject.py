@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet
 from bench.chaos.invariants import SentPoison
 from bench.chaos.pg_proxy import PgCommitCutProxy
@@ -43,6 +44,7 @@ class Injector:
     pg: EmbeddedPostgres
     pg_proxy: PgCommitCutProxy
     sqs_proxy: SqsFaultProxy
+    downstream: Downstream
     client: Any
     queue_url: str
     pool: asyncpg.Pool
@@ -80,6 +82,8 @@ class Injector:
                                   self.run.schedule.sqs_fault_probability[fault])
         elif kind == "duplicates":
             await self._send_duplicates(int(str(detail["count"])))
+        elif kind == "downstream_lose_next":
+            self.downstream.lose_next += 1
         elif kind == "poison":
             await self._send_poison()
         else:

@@ -162,7 +162,7 @@ class ChaosRun:
         sqs_proxy = SqsFaultProxy("", seed=seed + 1)
         pg_proxy = PgCommitCutProxy(pg.port, seed=seed + 2,
                                     probability=self.schedule.pg_commit_cut_probability)
-        downstream = Downstream(seed=seed + 3, response_lost_probability=0.01)
+        downstream = Downstream(seed=seed + 3, response_lost_probability=0.005)
         fleet: Fleet | None = None
         try:
             await moto.ready()
@@ -231,6 +231,9 @@ class ChaosRun:
                 "PHASEGATE_RETRY_BACKOFF_MAX_S": "4",
                 "PHASEGATE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
                 "PHASEGATE_RELAY_AFTER_S": "2", "PHASEGATE_RELAY_INTERVAL_S": "0.5",
+                # Longer than anything legitimately idle here (a 6 s phase, a 4 s backoff,
+                # an 18 s SQS outage): a run idle longer lost its message.
+                "PHASEGATE_RELAY_STALL_AFTER_S": "25",
                 "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
                 "PHASEGATE_STARTUP_TIMEOUT_S": "60", "PHASEGATE_LOG_FORMAT": "json",
                 "PHASEGATE_DB_POOL_MAX": "4", DOWNSTREAM_ENV: downstream.url}
@@ -244,7 +247,8 @@ class ChaosRun:
         start = time.monotonic()
         self.t0 = start
         injector = Injector(run=self, fleet=fleet, pg=pg, pg_proxy=pg_proxy,
-                            sqs_proxy=sqs_proxy, client=client, queue_url=queue_url, pool=pool)
+                            sqs_proxy=sqs_proxy, downstream=downstream, client=client,
+                            queue_url=queue_url, pool=pool)
         producer = asyncio.create_task(self._produce(pool, queue_url, window * 0.8))
         events = list(self.schedule.events)
         background: set[asyncio.Task[None]] = set()

@@ -18,7 +18,8 @@ KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "aft
                "after_send")
 
 # SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
-SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped", "outage")
+SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped", "send_lost",
+              "outage")
 
 # Poison kinds the runner sends (bench/chaos/poison.py); each must end up quarantined.
 POISON_KINDS = ("not_json", "invalid_envelope", "bad_workflow_id", "extra_field",
@@ -80,6 +81,7 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     spread("pg_restart", 2 * scale, start=8.0)
     spread("duplicates", 4 * scale, start=3.0, count=6)
     spread("poison", 2 * scale, start=3.0)
+    spread("downstream_lose_next", 2 * scale, start=5.0)
     # SQS fault windows: each kind gets windows of a few seconds where the proxy injects it.
     # Outages come first; the other windows avoid them (an outage would hide them, and I6
     # would then count a fault that never reached anyone).
@@ -113,5 +115,6 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
                     # and the engine sees the error.
                     sqs_fault_probability={"throttle": 0.85, "server_error": 0.8,
                                            "slow": 0.6, "send_response_dropped": 0.7,
+                                           "send_lost": 0.3,
                                            "outage": 1.0},
                     pg_commit_cut_probability=0.02)

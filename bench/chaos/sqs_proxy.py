@@ -9,6 +9,8 @@ that fault with the window's probability:
 - ``slow``: the response is held back 0.5-3 s;
 - ``send_response_dropped``: a send is forwarded and succeeds, then the connection is closed
   without the response (the sender cannot know the message is in the queue);
+- ``send_lost``: a send is answered with success but never forwarded - SQS lost the message
+  (the design says a lost message must never lose work);
 - ``outage``: every call fails with 503 for several seconds, longer than botocore's own
   retries last, so the engine itself sees failed receives, sends, deletes and heartbeats.
 
@@ -18,9 +20,11 @@ Every fault that actually fired is counted in ``fired``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import time
+import uuid
 from collections import Counter
 from contextlib import suppress
 
@@ -73,7 +77,7 @@ class SqsFaultProxy:
         self._windows = [w for w in self._windows if w[0] > now]
         # Overlapping windows are tried in random order, so one never hides another.
         for _, kind, probability in self.rng.sample(self._windows, len(self._windows)):
-            if kind == "send_response_dropped" and action not in SEND_ACTIONS:
+            if kind in ("send_response_dropped", "send_lost") and action not in SEND_ACTIONS:
                 continue
             if self.rng.random() < probability:
                 return kind
@@ -115,6 +119,10 @@ class SqsFaultProxy:
                 "__type": f"com.amazonaws.sqs#{code}", "message": "injected"}),
                 {"x-amzn-query-error": f"{code};Receiver"})
             return True
+        if fault == "send_lost":
+            self.fired["send_lost"] += 1
+            await _respond(writer, 200, _fake_send_success(action, body))
+            return True
         assert self._session is not None
         forward = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
         try:
@@ -141,6 +149,20 @@ class SqsFaultProxy:
             return False
         await _respond(writer, status, payload, extra, content_type)
         return True
+
+
+def _fake_send_success(action: str, body: bytes) -> str:
+    """What SQS answers to a send it accepted (with the body's MD5, which botocore checks)."""
+    request = json.loads(body)
+
+    def accepted(message_body: str) -> dict[str, str]:
+        return {"MessageId": str(uuid.uuid4()), "SequenceNumber": "1",
+                "MD5OfMessageBody": hashlib.md5(message_body.encode()).hexdigest()}
+
+    if action == "SendMessageBatch":
+        return json.dumps({"Successful": [{"Id": e["Id"], **accepted(e["MessageBody"])}
+                                          for e in request["Entries"]], "Failed": []})
+    return json.dumps(accepted(request["MessageBody"]))
 
 
 async def _read_request(reader: asyncio.StreamReader
