@@ -152,7 +152,7 @@ class Worker:
             if self.settings.metrics_port or self.settings.metrics_port == 0:
                 self.probe_port = await probes.start()
                 stack.push_async_callback(probes.stop)
-            await self._connect(stack)
+            await self._connect_unless_stopped(stack)
             if self._stop.is_set():
                 return
             assert self.store is not None and self.queue is not None and self.dlq is not None
@@ -217,6 +217,24 @@ class Worker:
         raise RuntimeError(f"side task {failed.get_name()} stopped: {error!r}")
 
     # -- startup ------------------------------------------------------------------------------
+
+    async def _connect_unless_stopped(self, stack: AsyncExitStack) -> None:
+        """``_connect``, abandoned the moment stop() is called: one probe can hang for many
+        seconds in an outage (botocore's retries, a connect timeout), and a SIGTERM must not
+        wait for it (found by bench/chaos: a worker still starting during an SQS outage
+        outlived the grace and was SIGKILLed)."""
+        connect = asyncio.ensure_future(self._connect(stack))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({connect, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if connect.done():
+            connect.result()
+            return
+        connect.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await connect
 
     async def _connect(self, stack: AsyncExitStack) -> None:
         """Prove Postgres and SQS are reachable before the first receive, with backoff."""
