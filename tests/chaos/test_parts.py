@@ -104,3 +104,53 @@ def test_a_worker_stopped_while_still_importing_exits_cleanly(after_s: float) ->
     time.sleep(after_s)  # the fault itself: when the SIGTERM lands
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
+
+
+def test_a_worker_stopped_while_its_dependencies_hang_stops_at_once() -> None:
+    """Endpoints that accept and never answer (an outage): a SIGTERM while the worker still
+    proves its dependencies must not wait for the hanging probe (found by bench/chaos: such a
+    worker outlived the drain grace and was SIGKILLed)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(50)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def accept_and_never_answer() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {**os.environ,  # Postgres hangs the same way: the first probe never returns
+           "PHASEGATE_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/none",
+           "PHASEGATE_QUEUE_URL": f"{endpoint}/q", "PHASEGATE_DLQ_URL": f"{endpoint}/d",
+           "PHASEGATE_SQS_ENDPOINT_URL": endpoint, "PHASEGATE_AWS_REGION": "us-east-1",
+           "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload", "PHASEGATE_METRICS_PORT": "0",
+           "PHASEGATE_DB_CONNECT_TIMEOUT_S": "30", "AWS_ACCESS_KEY_ID": "local",
+           "AWS_SECRET_ACCESS_KEY": "local"}
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # the fault itself: the SIGTERM lands while a probe hangs
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - signalled < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+        server.close()
+        for connection in held:
+            connection.close()
