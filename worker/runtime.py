@@ -41,6 +41,10 @@ from worker.workflow import Registry
 
 log = structlog.get_logger("phasegate.worker")
 
+# How long a stopping worker waits for commits/sends already past the phase, after the grace.
+# Well inside the chart's shutdownMarginSeconds (10 s) so the pod exits before its SIGKILL.
+DURABLE_DRAIN_S = 5.0
+
 
 # Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
 # even when a single workflow runs, off the transition's path (nothing waits on it). Far below
@@ -447,7 +451,17 @@ class Worker:
             if late:
                 log.warning("grace_expired_handing_back", phases=len(late))
         if self.transition is not None and self.transition.durable:
-            await asyncio.gather(*self.transition.durable, return_exceptions=True)
+            # Commits and sends still in flight get a bounded share of the margin the chart
+            # leaves beyond the grace, then are abandoned: a commit is atomic either way and
+            # an unsent successor is the relay's (found by bench/chaos: emits retrying through
+            # an SQS outage kept a draining worker alive past terminationGracePeriodSeconds).
+            _, late_commits = await asyncio.wait(self.transition.durable,
+                                                 timeout=DURABLE_DRAIN_S)
+            for commit in late_commits:
+                commit.cancel()
+            await asyncio.gather(*late_commits, return_exceptions=True)
+            if late_commits:
+                log.warning("durable_abandoned_at_stop", commits=len(late_commits))
         await self.hand_back(list(self._held))
 
     # -- heartbeat ------------------------------------------------------------------------------
