@@ -33,7 +33,7 @@ import aioboto3
 import asyncpg
 
 from bench.chaos.downstream import Downstream
-from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
+from bench.chaos.fleet import FAULT_LINE, ROOT, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
@@ -99,8 +99,10 @@ class MotoProcess:
         self.port = free_port()
         log = open(log_dir / "moto.log", "wb")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=log, stderr=log, env={**os.environ, **local_aws_env()})
+            [sys.executable, "-m", "bench.chaos.moto_server", "-H", "127.0.0.1", "-p",
+             str(self.port)],
+            stdout=log, stderr=log, cwd=ROOT,
+            env={**os.environ, **local_aws_env(), "PYTHONPATH": str(ROOT)})
         log.close()
 
     @property
