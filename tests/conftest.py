@@ -12,6 +12,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -91,38 +92,39 @@ async def _drop(server_dsn: str, name: str) -> None:
         await admin.close()
 
 
-@pytest.fixture
-def database_url(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for this test (a clone of the template)."""
-    name = f"phasegate_t_{uuid.uuid4().hex[:12]}"
+@contextmanager
+def throwaway_database(server_dsn: str, prefix: str, template: str | None = None
+                       ) -> Iterator[str]:
+    """CREATE DATABASE (optionally from a template) for one test; DROP it afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
 
     async def create() -> None:
-        admin = await asyncpg.connect(pg_server_dsn)
+        admin = await asyncpg.connect(server_dsn)
         try:
-            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+            await admin.execute(f'CREATE DATABASE "{name}"{clause}')
         finally:
             await admin.close()
 
     asyncio.run(create())
-    yield with_database(pg_server_dsn, name)
-    asyncio.run(_drop(pg_server_dsn, name))
+    try:
+        yield with_database(server_dsn, name)
+    finally:
+        asyncio.run(_drop(server_dsn, name))
+
+
+@pytest.fixture
+def database_url(pg_server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test (a clone of the template)."""
+    with throwaway_database(pg_server_dsn, "phasegate_t", template_db) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_database_url(pg_server_dsn: str) -> Iterator[str]:
     """A database with no phasegate schema at all."""
-    name = f"phasegate_e_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        admin = await asyncpg.connect(pg_server_dsn)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await admin.close()
-
-    asyncio.run(create())
-    yield with_database(pg_server_dsn, name)
-    asyncio.run(_drop(pg_server_dsn, name))
+    with throwaway_database(pg_server_dsn, "phasegate_e") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -17,7 +15,7 @@ from prometheus_client import REGISTRY as METRICS
 
 from orchestrator.purge import purge_by_classification
 from orchestrator.starter import StartError, start_workflow
-from tests.conftest import _drop, with_database
+from tests.conftest import throwaway_database
 from tests.helpers import (
     ROOT,
     all_done,
@@ -60,18 +58,8 @@ TABLES = ("workflow_runs", "checkpoints", "outbox", "quarantine")
 @pytest.fixture
 def eu_url(pg_server_dsn: str, template_db: str) -> Iterator[str]:
     """A second migrated database: the eu region's store."""
-    name = f"phasegate_eu_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        admin = await asyncpg.connect(pg_server_dsn)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-        finally:
-            await admin.close()
-
-    asyncio.run(create())
-    yield with_database(pg_server_dsn, name)
-    asyncio.run(_drop(pg_server_dsn, name))
+    with throwaway_database(pg_server_dsn, "phasegate_eu", template_db) as url:
+        yield url
 
 
 @pytest.fixture
