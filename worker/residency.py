@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from worker import audit
-from worker.envelope import MAIN_BRANCH, Envelope, canonical_json
+from worker.envelope import MAIN_BRANCH, Envelope
 from worker.sql import migration_files, queries
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError, create_pool
 
@@ -157,24 +157,24 @@ class RegionalStore(Store):
 
     # -- starts
 
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str) -> bool:
+    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
+                         classification: str = "internal", region: str | None = None) -> bool:
+        # The residency comes from the envelope and is checked against this store's region.
         wanted = residency(envelope.classification, envelope.region)
         self.accepts(wanted)
-        row = await self.pool.fetchval(
-            self._gq["ensure_run_resident"], envelope.workflow_id, envelope.workflow,
-            schema_version, canonical_json(envelope.input), first_phase,
-            wanted.classification, wanted.region)
-        return row is not None
+        return await super().ensure_run(envelope, schema_version, first_phase,
+                                        wanted.classification, wanted.region)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
-                        input: Any, first_phase: str, message: Envelope) -> int | None:
+                        input: Any, first_phase: str, message: Envelope,
+                        classification: str = "internal", region: str | None = None
+                        ) -> int | None:
         wanted = residency(message.classification, message.region)
         self.accepts(wanted)
-        outbox_id: int | None = await self.pool.fetchval(
-            self._gq["start_run_resident"], workflow_id, workflow, schema_version,
-            canonical_json(input), first_phase, message.dedup_id, message.group_id,
-            message.to_json(), wanted.classification, wanted.region)
-        return outbox_id
+        return await super().start_run(
+            workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
+            input=input, first_phase=first_phase, message=message,
+            classification=wanted.classification, region=wanted.region)
 
     # -- the worker's reads and writes
 
@@ -282,12 +282,15 @@ class StoreRouter(Store):
         for store in self.stores.values():
             await store.ping()
 
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str) -> bool:
+    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
+                         classification: str = "internal", region: str | None = None) -> bool:
         return await self.for_region(envelope.region).ensure_run(
             envelope, schema_version, first_phase)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
-                        input: Any, first_phase: str, message: Envelope) -> int | None:
+                        input: Any, first_phase: str, message: Envelope,
+                        classification: str = "internal", region: str | None = None
+                        ) -> int | None:
         return await self.for_region(message.region).start_run(
             workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
             input=input, first_phase=first_phase, message=message)

@@ -113,19 +113,23 @@ class Store:
 
     # -- runs
 
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str) -> bool:
+    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
+                         classification: str = "internal", region: str | None = None) -> bool:
         """Create the run a start message names, if it does not exist. True if created."""
         row = await self.pool.fetchval(
             self._q["ensure_run"], envelope.workflow_id, envelope.workflow, schema_version,
-            canonical_json(envelope.input), first_phase)
+            canonical_json(envelope.input), first_phase, classification, region)
         return row is not None
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
-                        input: Any, first_phase: str, message: Envelope) -> int | None:
+                        input: Any, first_phase: str, message: Envelope,
+                        classification: str = "internal", region: str | None = None
+                        ) -> int | None:
         """Insert the run and its start message in the outbox. None if the id existed."""
         outbox_id: int | None = await self.pool.fetchval(
             self._q["start_run"], workflow_id, workflow, schema_version, canonical_json(input),
-            first_phase, message.dedup_id, message.group_id, message.to_json())
+            first_phase, message.dedup_id, message.group_id, message.to_json(),
+            classification, region)
         return outbox_id
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH

@@ -1,28 +1,4 @@
--- Governance queries (docs/governance.md): residency-aware starts, a run's residency, the
--- access log. Same conventions as queries.sql: one statement, one round trip each.
-
--- name: ensure_run_resident
--- ensure_run that records the run's classification ($6) and region ($7, NULL: default).
-INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
-                           classification, region)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)
-ON CONFLICT (workflow_id) DO NOTHING
-RETURNING workflow_id;
-
--- name: start_run_resident
--- start_run that records the run's classification ($9) and region ($10).
-WITH run AS (
-    INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
-                               classification, region)
-    VALUES ($1, $2, $3, $4::jsonb, $5, $9, $10)
-    ON CONFLICT (workflow_id) DO NOTHING
-    RETURNING workflow_id
-), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, 'main', 0, $6, $7, $8 FROM run
-    RETURNING outbox_id
-)
-SELECT (SELECT outbox_id FROM ob) AS outbox_id;
+-- Governance queries: a run's residency, the access log. Same conventions as queries.sql: one statement, one round trip each.
 
 -- name: run_residency
 SELECT classification, region FROM workflow_runs WHERE workflow_id = $1;

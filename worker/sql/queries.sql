@@ -3,17 +3,21 @@
 -- without an explicit BEGIN/COMMIT (and works behind PgBouncer in transaction mode).
 
 -- name: ensure_run
--- A start message from any producer creates its run; a second start is a no-op.
-INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase)
-VALUES ($1, $2, $3, $4::jsonb, $5)
+-- A start message from any producer creates its run; a second start is a no-op. The run's
+-- classification ($6) and region ($7, NULL: the default store) are fixed here for good.
+INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
+                           classification, region)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)
 ON CONFLICT (workflow_id) DO NOTHING
 RETURNING workflow_id;
 
 -- name: start_run
 -- The run row and its first message in one statement: a crash can lose neither alone.
+-- $9/$10: the run's classification and region, as in ensure_run.
 WITH run AS (
-    INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase)
-    VALUES ($1, $2, $3, $4::jsonb, $5)
+    INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
+                               classification, region)
+    VALUES ($1, $2, $3, $4::jsonb, $5, $9, $10)
     ON CONFLICT (workflow_id) DO NOTHING
     RETURNING workflow_id
 ), ob AS (
