@@ -41,9 +41,13 @@ from worker.workflow import Registry
 
 log = structlog.get_logger("phasegate.worker")
 
-# How long a stopping worker waits for commits/sends already past the phase, after the grace.
-# Well inside the chart's shutdownMarginSeconds (10 s) so the pod exits before its SIGKILL.
-DURABLE_DRAIN_S = 5.0
+# After the drain grace, a stopping worker spends at most DURABLE_DRAIN_S on commits/sends
+# already past the phase, HAND_BACK_S on handing messages back and STOP_FLUSH_S on flushing
+# its batchers: 8 s, inside the chart's shutdownMarginSeconds (10 s), so the pod exits before
+# its SIGKILL even when SQS or Postgres hangs (found by bench/chaos).
+DURABLE_DRAIN_S = 4.0
+HAND_BACK_S = 2.0
+STOP_FLUSH_S = 2.0
 
 
 # Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
@@ -199,6 +203,11 @@ class Worker:
                 self._ready = False
                 metrics.READY.set(0)
                 for task in side:
+                    task.cancel()
+                # The batchers flush what is queued on their way out (mark-sent, successor
+                # sends); bounded, because what they drop is the relay's anyway.
+                _, unflushed = await asyncio.wait(side, timeout=STOP_FLUSH_S)
+                for task in unflushed:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
             log.info("worker_stopped")
@@ -427,7 +436,9 @@ class Worker:
         for handle in receipt_handles:
             self._forget(handle)
         try:
-            await self.queue.change_visibility([(h, 0) for h in receipt_handles])
+            # Bounded: a message not handed back comes back at its visibility timeout anyway.
+            await asyncio.wait_for(self.queue.change_visibility(
+                [(h, 0) for h in receipt_handles]), HAND_BACK_S)
             log.info("handed_back", messages=len(receipt_handles))
         except QueueError as exc:
             log.warning("hand_back_partial", failed=len(exc.failed))
