@@ -1,5 +1,6 @@
-"""docs/deploy.md is copy-paste material: its JSON must parse, its IAM policies must grant what
-the worker and orchestrator call, and its prometheus-adapter rule must be the chart's."""
+"""The README's deploy sections are copy-paste material: their JSON must parse, their IAM
+policies must grant what the worker and orchestrator call, and their prometheus-adapter rule
+must be the chart's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import yaml
 
 from tests.deploy import chart
 
-DOC = (chart.ROOT / "docs" / "deploy.md").read_text()
+
+def deploy_sections(readme: str) -> str:
+    """The README from "Install on EKS/Fargate" through "Local stack"."""
+    start = readme.index("\n## Install on EKS/Fargate\n")
+    local = readme.index("\n## Local stack\n", start)
+    end = readme.find("\n## ", local + 1)
+    return readme[start:end if end != -1 else len(readme)]
+
+
+DOC = deploy_sections((chart.ROOT / "README.md").read_text())
 WORKER_QUEUE_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
                         "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
 KMS_ACTIONS = {"kms:GenerateDataKey", "kms:Decrypt"}

@@ -1,4 +1,4 @@
-"""The worked example of docs/inside-the-room.md runs as documented (worker/examples/agent.py)
+"""The worked example of the README ("Inside a phase") runs as documented (worker/examples/agent.py)
 against the fake external API, real PostgreSQL and a real SQS server."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 -- phasegate schema v5: governance. Data residency (classification and region fixed at start),
 -- an append-only access log, and three NOLOGIN group roles the operator grants to login users.
--- See docs/governance.md. Re-running any statement here is harmless (idempotent).
+-- See README, "Governance". Re-running any statement here is harmless (idempotent).
 
 -- A run's classification is one of four; its region (NULL: the default store) and its
 -- classification are fixed when the run is created.
