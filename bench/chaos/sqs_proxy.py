@@ -14,7 +14,9 @@ that fault with the window's probability:
 - ``outage``: every call fails with 503 for several seconds, longer than botocore's own
   retries last, so the engine itself sees failed receives, sends, deletes and heartbeats.
 
-Every fault that actually fired is counted in ``fired``.
+Every fault that actually fired is counted in ``fired``. A window that closes before its fault
+fired even once (no matching call came, e.g. during another outage or on a loaded machine)
+leaves that fault owed: the next matching call gets it, so every scheduled kind really happens.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ class SqsFaultProxy:
         self.rng = random.Random(seed)
         self.fired: Counter[str] = Counter()
         self.requests: Counter[str] = Counter()
-        self._windows: list[tuple[float, str, float]] = []  # (until monotonic, kind, p)
+        # (until monotonic, kind, probability, fired[kind] when the window opened)
+        self._windows: list[tuple[float, str, float, int]] = []
+        self._owed: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
         self._conns: set[asyncio.StreamWriter] = set()
@@ -70,16 +74,22 @@ class SqsFaultProxy:
             await self._session.close()
 
     def open_window(self, kind: str, duration_s: float, probability: float) -> None:
-        self._windows.append((time.monotonic() + duration_s, kind, probability))
+        self._windows.append((time.monotonic() + duration_s, kind, probability,
+                              self.fired[kind]))
 
     def _pick(self, action: str) -> str | None:
         now = time.monotonic()
+        for until, kind, _, fired_before in self._windows:
+            if until <= now and self.fired[kind] == fired_before:
+                self._owed[kind] += 1
         self._windows = [w for w in self._windows if w[0] > now]
+        for kind in sorted(self._owed):
+            if self._owed[kind] > 0 and _applies(kind, action):
+                self._owed[kind] -= 1
+                return kind
         # Overlapping windows are tried in random order, so one never hides another.
-        for _, kind, probability in self.rng.sample(self._windows, len(self._windows)):
-            if kind in ("send_response_dropped", "send_lost") and action not in SEND_ACTIONS:
-                continue
-            if self.rng.random() < probability:
+        for _, kind, probability, _ in self.rng.sample(self._windows, len(self._windows)):
+            if _applies(kind, action) and self.rng.random() < probability:
                 return kind
         return None
 
@@ -144,11 +154,17 @@ class SqsFaultProxy:
         if fault == "slow":
             self.fired["slow"] += 1
             await asyncio.sleep(self.rng.uniform(0.5, 3.0))  # the injected fault itself
-        if fault == "send_response_dropped" and status == 200:
-            self.fired["send_response_dropped"] += 1
-            return False
+        if fault == "send_response_dropped":
+            if status == 200:
+                self.fired["send_response_dropped"] += 1
+                return False
+            self._owed[fault] += 1  # the send failed upstream: nothing was dropped yet
         await _respond(writer, status, payload, extra, content_type)
         return True
+
+
+def _applies(kind: str, action: str) -> bool:
+    return kind not in ("send_response_dropped", "send_lost") or action in SEND_ACTIONS
 
 
 def _fake_send_success(action: str, body: bytes) -> str:
