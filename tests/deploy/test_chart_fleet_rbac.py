@@ -9,11 +9,8 @@ rendered Role and RoleBinding, as the RBAC authorizer does.
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +18,7 @@ import pytest
 
 from tests.deploy import chart
 from tests.deploy.validate import validate_object
+from tests.json_server import JsonServer
 
 SCENARIOS = [p.name.removesuffix("-values.yaml") for p in chart.scenarios()]
 DISABLED = {"orchestrator": {"fleetView": {"enabled": False}}}
@@ -189,63 +187,36 @@ def test_binding_the_default_service_account_fails_with_a_clear_message(minimal_
     assert not r.of_kind("RoleBinding")
 
 
-class AuthorizingApiServer:
+class AuthorizingApiServer(JsonServer):
     """Serves the worker Deployment and its pods, authorizing each request with the rendered
     Role and RoleBinding for the identity the bearer token stands for."""
 
     def __init__(self, r: chart.Rendered, deployment: dict[str, Any],
                  pods: list[dict[str, Any]]) -> None:
         self.denied: list[str] = []
-        identities = {f"Bearer {TOKEN}": service_account_user(r)}
-        fake = self
+        self._rendered = r
+        self._deployment = deployment
+        self._pods = pods
+        self._identities = {f"Bearer {TOKEN}": service_account_user(r)}
+        super().__init__(self.respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                parts = urlsplit(self.path)
-                match = API_PATH.match(parts.path)
-                user = identities.get(self.headers.get("Authorization", ""), "system:anonymous")
-                if match is None:
-                    return self._send(404, {"kind": "Status", "code": 404})
-                verb = "get" if match["name"] else "list"
-                if not authorize(r, user, verb, match["group"] or "", match["resource"],
-                                 match["namespace"], match["name"]):
-                    fake.denied.append(f"{user} {verb} {parts.path}")
-                    return self._send(403, {"kind": "Status", "apiVersion": "v1",
-                                            "status": "Failure", "reason": "Forbidden",
-                                            "code": 403})
-                if match["resource"] == "deployments":
-                    if match["name"] != deployment["metadata"]["name"]:
-                        return self._send(404, {"kind": "Status", "code": 404})
-                    return self._send(200, deployment)
-                self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                                 "items": pods})
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> AuthorizingApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    def respond(self, path: str, headers: Any) -> tuple[int, dict[str, Any]]:
+        parts = urlsplit(path)
+        match = API_PATH.match(parts.path)
+        user = self._identities.get(headers.get("Authorization", ""), "system:anonymous")
+        if match is None:
+            return 404, {"kind": "Status", "code": 404}
+        verb = "get" if match["name"] else "list"
+        if not authorize(self._rendered, user, verb, match["group"] or "", match["resource"],
+                         match["namespace"], match["name"]):
+            self.denied.append(f"{user} {verb} {parts.path}")
+            return 403, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "reason": "Forbidden", "code": 403}
+        if match["resource"] == "deployments":
+            if match["name"] != self._deployment["metadata"]["name"]:
+                return 404, {"kind": "Status", "code": 404}
+            return 200, self._deployment
+        return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self._pods}
 
 
 @pytest.fixture

@@ -6,10 +6,7 @@ fleet view reads (a Deployment and a pod list by label selector) over real HTTP.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -20,6 +17,7 @@ from orchestrator.api import Services, create_app
 from orchestrator.control import Control
 from orchestrator.fleet import FleetView
 from tests.helpers import queue_for
+from tests.json_server import JsonServer
 from worker.store import create_pool
 from worker.workflow import Registry
 
@@ -57,57 +55,31 @@ PODS = {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
 ]}
 
 
-class FakeApiServer:
+FORBIDDEN = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+             "code": 403}
+NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+             "code": 404}
+
+
+class FakeApiServer(JsonServer):
     """Serves GET deployments/{name} and pods?labelSelector= for one namespace."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, list[str]], str | None]] = []
         self.deployment = deployment(3, 2)
         self.forbidden = False
-        fake = self
+        super().__init__(self.respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                parts = urlsplit(self.path)
-                fake.requests.append((parts.path, parse_qs(parts.query),
-                                      self.headers.get("Authorization")))
-                if fake.forbidden:
-                    return self._send(403, {"kind": "Status", "apiVersion": "v1",
-                                            "status": "Failure", "reason": "Forbidden",
-                                            "code": 403})
-                if parts.path == "/apis/apps/v1/namespaces/jobs/deployments/pg-worker":
-                    return self._send(200, fake.deployment)
-                if parts.path == "/api/v1/namespaces/jobs/pods":
-                    return self._send(200, PODS)
-                self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                 "reason": "NotFound", "code": 404})
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> FakeApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    def respond(self, path: str, headers: Any) -> tuple[int, dict[str, Any]]:
+        parts = urlsplit(path)
+        self.requests.append((parts.path, parse_qs(parts.query), headers.get("Authorization")))
+        if self.forbidden:
+            return 403, FORBIDDEN
+        if parts.path == "/apis/apps/v1/namespaces/jobs/deployments/pg-worker":
+            return 200, self.deployment
+        if parts.path == "/api/v1/namespaces/jobs/pods":
+            return 200, PODS
+        return 404, NOT_FOUND
 
 
 @pytest.fixture
