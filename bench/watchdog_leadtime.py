@@ -38,24 +38,12 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.embedded import EmbeddedSqs, local_aws_env  # noqa: E402
 from orchestrator.starter import start_workflow  # noqa: E402
 from tests import workflows_pressure  # noqa: E402
-from tests.cgroup_sandbox import CgroupSandbox  # noqa: E402
+from tests.cgroup_sandbox import CgroupSandbox, log_events  # noqa: E402
 from tests.conftest import TEST_TABLES, with_database  # noqa: E402
 from tests.helpers import create_queues, make_settings, queue_for, store_for  # noqa: E402
 from worker.migrate import migrate  # noqa: E402
 
 MiB = 1 << 20
-
-
-def events(path: Path, name: str) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == name:
-            out.append(record)
-    return out
 
 
 async def fresh_database(server: str) -> str:
@@ -103,7 +91,7 @@ async def one_run(kind: str, server: str, sqs: str, big_file: str, work: Path,
         with CgroupSandbox.create("phasegate-bench") as box:
             worker = box.spawn_worker(settings, modules="tests.workflows_pressure",
                                       log_path=log_path)
-            if not await wait_until(lambda: bool(events(log_path, "worker_ready")), 60, 0.05):
+            if not await wait_until(lambda: bool(log_events(log_path, "worker_ready")), 60, 0.05):
                 raise RuntimeError(f"worker not ready:\n{log_path.read_text()[-2000:]}")
             box.set_limit(box.usage() + args.room_mb * MiB)
             async with store_for(dsn) as store, queue_for(settings) as queue:
@@ -121,7 +109,7 @@ async def one_run(kind: str, server: str, sqs: str, big_file: str, work: Path,
                 worker.kill()
                 worker.wait()
             oom_kills = box.oom_kills()
-        flushes = events(log_path, "emergency_flush")
+        flushes = log_events(log_path, "emergency_flush")
         saved = await asyncpg_fetchval(dsn, "SELECT count(*) FROM checkpoints "
                                        "WHERE kind = 'emergency'")
         first = flushes[0] if flushes else None

@@ -13,6 +13,7 @@ it created, also after a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import time
 import uuid
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import ROOT, settings_env
 from worker import cgroups
@@ -147,3 +149,16 @@ def _remove(dirs: list[Path], timeout: float = 10.0) -> None:
                     print(f"cgroup_sandbox: could not remove {directory}", file=sys.stderr)
                     break
                 time.sleep(0.05)  # polling the kernel with a deadline, not a synchronisation
+
+
+def log_events(path: Path, event: str) -> list[dict[str, Any]]:
+    """The JSON log lines of one event a worker wrote to ``path``."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            out.append(record)
+    return out

@@ -17,7 +17,12 @@ import pytest
 
 from orchestrator.starter import start_workflow
 from tests import workflows, workflows_pressure
-from tests.cgroup_sandbox import CgroupSandbox, SandboxUnavailable, spawn_logged_worker
+from tests.cgroup_sandbox import (
+    CgroupSandbox,
+    SandboxUnavailable,
+    log_events,
+    spawn_logged_worker,
+)
 from tests.helpers import all_done, fetch, make_settings, queue_for, store_for, wait_for
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -66,18 +71,6 @@ def tail(path: Path) -> str:
 
 def open_gate(gate: str) -> None:
     Path(gate).touch()
-
-
-def log_events(path: Path, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == event:
-            out.append(record)
-    return out
 
 
 async def wait_log(path: Path, event: str, process: subprocess.Popen[bytes],
