@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
 from worker.migrate import migrate
+from worker.settings import Settings
 
 os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
 
@@ -143,3 +144,14 @@ def queue_pair(sqs_endpoint: str) -> tuple[str, str]:
     from tests.helpers import create_queues
 
     return asyncio.run(create_queues(sqs_endpoint, f"t{uuid.uuid4().hex[:16]}"))
+
+
+@pytest.fixture
+def settings(database_url: str, queue_pair: tuple[str, str], sqs_endpoint: str) -> Settings:
+    """Fast-lease settings for this test's database and queues; the test workflows record
+    their invocations in the same database. Modules that need other values override it."""
+    from tests import workflows
+    from tests.helpers import make_settings
+
+    workflows.LEDGER_DSN = database_url
+    return make_settings(database_url, queue_pair, sqs_endpoint)

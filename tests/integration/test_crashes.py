@@ -12,7 +12,6 @@ from tests.helpers import (
     all_done,
     fetch,
     fetchval,
-    make_settings,
     queue_for,
     running_worker,
     spawn_worker,
@@ -23,12 +22,6 @@ from tests.helpers import (
 from worker.workflow import Registry
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint)
 
 
 async def _start_gated(settings, gate: str) -> str:

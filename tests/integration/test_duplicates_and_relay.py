@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from orchestrator.relay import Relay
 from orchestrator.starter import start_workflow
 from tests import workflows
@@ -11,7 +9,6 @@ from tests.helpers import (
     all_done,
     fetch,
     fetchval,
-    make_settings,
     queue_for,
     running_worker,
     send_raw,
@@ -24,12 +21,6 @@ from worker.envelope import phase_message, start_message
 from worker.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint)
 
 
 async def test_same_start_sent_twice_makes_one_run(settings):

@@ -7,14 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 
-import pytest
-
 from orchestrator.starter import start_workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
     fetch,
-    make_settings,
     queue_for,
     running_worker,
     send_raw,
@@ -23,13 +20,6 @@ from tests.helpers import (
 )
 from worker.envelope import canonical_json
 from worker.workflow import Registry
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint)
-
 
 REGISTRY = Registry([workflows.chain])
 

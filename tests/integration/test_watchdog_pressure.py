@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from orchestrator.starter import start_workflow
-from tests import workflows, workflows_pressure
+from tests import workflows_pressure
 from tests.cgroup_sandbox import (
     CgroupSandbox,
     SandboxUnavailable,
     log_events,
     spawn_logged_worker,
 )
-from tests.helpers import all_done, fetch, make_settings, queue_for, store_for, wait_for
+from tests.helpers import all_done, fetch, queue_for, store_for, wait_for
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -57,12 +57,6 @@ def sandbox() -> Iterator[CgroupSandbox]:
         yield box
     finally:
         box.close()
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint)
 
 
 def tail(path: Path) -> str:
