@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, unit + integration tests against real PostgreSQL and a
-# real SQS server over HTTP (moto), chart/manifest tests, and the engine's end-to-end test
-# once more against LocalStack. Starts every service it needs. Args go to pytest.
+# The whole test suite: lint, types, the documentation site, unit + integration tests against
+# real PostgreSQL and a real SQS server over HTTP (moto), chart/manifest tests, and the engine's
+# end-to-end test once more against LocalStack. Starts every service it needs. Args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 
 echo "== ruff"
-.venv/bin/ruff check worker orchestrator tests bench
+.venv/bin/ruff check worker orchestrator tests bench docs
 echo "== mypy (strict)"
 .venv/bin/mypy worker orchestrator
+echo "== docs (mkdocs build --strict)"
+# A broken link or anchor, a missing page or an undescribed setting fails here. The site goes to a
+# throwaway directory; NO_MKDOCS_2_WARNING silences Material's notice about MkDocs 2.
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 echo "== pytest"
 # Exit status 5 (no tests collected) fails this script like any other failure.
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -13,6 +13,8 @@ Run as a script to rewrite the exported files ``docs/reference/envelope-v1.schem
     .venv/bin/python docs/hooks/reference.py
 """
 
+# ruff: noqa: RUF001 - the page text uses typographic dashes and signs on purpose
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The README's deploy sections are copy-paste material: their JSON must parse, their IAM
+"""The deploy pages of the docs are copy-paste material: their JSON must parse, their IAM
 policies must grant what the worker and orchestrator call, and their prometheus-adapter rule
 must be the chart's."""
 
@@ -11,16 +11,11 @@ import yaml
 
 from tests.deploy import chart
 
-
-def deploy_sections(readme: str) -> str:
-    """The README from "Install on EKS/Fargate" through "Local stack"."""
-    start = readme.index("\n## Install on EKS/Fargate\n")
-    local = readme.index("\n## Local stack\n", start)
-    end = readme.find("\n## ", local + 1)
-    return readme[start:end if end != -1 else len(readme)]
-
-
-DOC = deploy_sections((chart.ROOT / "README.md").read_text())
+# Install on EKS/Fargate, without Helm (kustomize), and the local stack: the pages the chart,
+# the manifests and localstack/ point readers to.
+DEPLOY_PAGES = ("docs/how-to/deploy-eks.md", "docs/how-to/kustomize.md",
+                "docs/how-to/local-stack.md")
+DOC = "\n".join((chart.ROOT / page).read_text() for page in DEPLOY_PAGES)
 WORKER_QUEUE_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
                         "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
 KMS_ACTIONS = {"kms:GenerateDataKey", "kms:Decrypt"}
@@ -43,8 +38,11 @@ def grants(policy: dict) -> dict[str, set[str]]:
     return out
 
 
-def test_sections_the_readme_links_to_exist():
-    assert "\n## Install on EKS/Fargate\n" in DOC and "\n## Local stack\n" in DOC
+def test_the_pages_the_chart_and_manifests_link_to_exist_and_are_in_the_site():
+    nav = (chart.ROOT / "mkdocs.yml").read_text()
+    for page in DEPLOY_PAGES:
+        assert page.removeprefix("docs/") in nav, page
+    assert DOC.startswith("# Deploy on EKS/Fargate\n") and "\n# Local stack\n" in DOC
 
 
 def test_every_json_block_parses_and_keys_are_never_static():
