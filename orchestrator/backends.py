@@ -43,7 +43,7 @@ class Backend(Protocol):
 class ApiBackend:
     def __init__(self, url: str, *, timeout_s: float = 10.0, role: str | None = None) -> None:
         self.url = url.rstrip("/")
-        # The read policy's role (README, "Governance"); the API trusts its proxy to set it.
+        # The read policy's role (docs/how-to/security.md); the API trusts its proxy to set it.
         headers = {"X-Phasegate-Role": role} if role else {}
         self._client = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 

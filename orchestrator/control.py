@@ -80,7 +80,7 @@ class Control:
         self.actor = actor
         self.read_policy = read_policy
         self.views = Views(pool, policy=read_policy, actor=actor)
-        # Starts are checked against the store's region (README, "Governance"); with several
+        # Starts are checked against the store's region (docs/concepts/governance.md); with several
         # stores, runs are found in the store that holds them (``scoped``).
         self.stores = stores
         self.store: Store = stores if stores is not None else RegionalStore(pool)

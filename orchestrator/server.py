@@ -99,7 +99,7 @@ class Orchestrator:
                                            namespace=self.options.fleet_namespace)
         regional_pools = contextlib.AsyncExitStack()
         try:
-            # Residency (README, "Governance"): with PHASEGATE_STORES, runs are found in the
+            # Residency (docs/concepts/governance.md): with PHASEGATE_STORES, runs are found in the
             # store that holds them, and every store's outbox has its own relay.
             store = await stores_from_settings(settings, pool, regional_pools,
                                                pool_max=max(2, settings.db_pool_max))

@@ -41,7 +41,7 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
     """Create the run (idempotent on ``workflow_id``) and send its start message.
 
     ``classification`` (default internal) and ``region`` (required for sensitive and
-    regulated runs) fix the store the run lives in (README, "Governance"); a region with no
+    regulated runs) fix the store the run lives in (docs/concepts/governance.md); a region with no
     configured store is refused before anything is written."""
     try:
         wanted = residency(classification, region)

@@ -38,8 +38,9 @@ class Envelope(BaseModel):
     branch: str = MAIN_BRANCH
     input: Any = None
     traceparent: str | None = Field(default=None, max_length=55)
-    # Data residency (README, "Governance"): non-secret routing hints. ``region`` names the store
-    # that holds the run (absent: the default store); ``classification`` is read on a start.
+    # Data residency (docs/concepts/governance.md): non-secret routing hints. ``region`` names
+    # the store that holds the run (absent: the default store); ``classification`` is read on a
+    # start.
     classification: Literal["public", "internal", "sensitive", "regulated"] | None = None
     region: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]{0,31}$")
 

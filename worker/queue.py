@@ -187,8 +187,8 @@ async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s
                                  max_receive_count: int = 50) -> tuple[str, str]:
     """Create ``name.fifo`` and its DLQ ``name-dlq.fifo`` with a redrive policy.
 
-    Used by the demo and the tests; production queues are created by the README's CLI snippet
-    or CloudFormation (with KMS encryption, which local servers ignore).
+    Used by the demo and the tests; production queues are created by the CLI snippet in
+    docs/how-to/deploy-eks.md or CloudFormation (with KMS encryption, which local servers ignore).
     """
     import json
 

@@ -263,7 +263,7 @@ class Worker:
                         statement_cache_size=self.settings.db_statement_cache_size,
                         connect_timeout_s=self.settings.db_connect_timeout_s)
                     stack.push_async_callback(pool.close)
-                    # One RegionalStore, or a router over PHASEGATE_STORES (README, "Governance").
+                    # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
                 except Exception as exc:
                     waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])

@@ -1,4 +1,4 @@
-"""Sample workflows shipped with phasegate, used by ``phasegate demo`` and the README.
+"""Sample workflows shipped with phasegate, used by ``phasegate demo`` and the docs.
 
 Load them in a worker with ``PHASEGATE_WORKFLOW_MODULES=worker.samples``.
 """

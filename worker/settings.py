@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
 
-    # -- governance (README, "Governance"): regional stores, read policy, retention
+    # -- governance (docs/concepts/governance.md): regional stores, read policy, retention
     stores: str | None = Field(
         default=None,
         description='JSON {"default": dsn, "<region>": dsn, ...}; unset: one store.',

@@ -2,5 +2,5 @@
 
 Kills, restarts and starves a real worker fleet on purpose and then checks the system-wide
 invariants I1-I7 from the database and the downstream ledger (see bench/chaos/invariants.py
-and the README, "Reliability").
+and docs/reliability.md).
 """

@@ -1,5 +1,5 @@
-"""The worked example of the README ("Inside a phase") runs as documented (worker/examples/agent.py)
-against the fake external API, real PostgreSQL and a real SQS server."""
+"""The worked example of docs/concepts/inside-a-phase.md (worker/examples/agent.py) runs as
+documented against the fake external API, real PostgreSQL and a real SQS server."""
 
 from __future__ import annotations
 

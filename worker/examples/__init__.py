@@ -1,1 +1,1 @@
-"""Example workflows and the fake external API they talk to (the README ("Inside a phase"))."""
+"""Example workflows and the fake external API they talk to (docs/concepts/inside-a-phase.md)."""

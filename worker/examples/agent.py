@@ -1,4 +1,4 @@
-"""An agent-style workflow: the worked example of the README ("Inside a phase").
+"""An agent-style workflow: the worked example of docs/concepts/inside-a-phase.md.
 
 A support agent reads a ticket (a read step, observed for staleness), posts a reply to an
 external API (a write step: the API deduplicates on the idempotency key phasegate passes),
