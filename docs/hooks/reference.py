@@ -17,6 +17,7 @@ Run as a script to rewrite the exported files ``docs/reference/envelope-v1.schem
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -185,14 +186,19 @@ def _responses(operation: dict[str, Any]) -> str:
     return ", ".join(sorted(operation.get("responses", {})))
 
 
+def _body_schema(operation: dict[str, Any]) -> str:
+    schema = (operation.get("requestBody", {}).get("content", {})
+              .get("application/json", {}).get("schema", {}))
+    refs = [s.get("$ref", "") for s in [schema, *schema.get("anyOf", [])]]
+    names = [ref.rsplit("/", 1)[-1] for ref in refs if ref]
+    optional = not operation.get("requestBody", {}).get("required", False)
+    return f"body{' (optional)' if optional else ''}: `{names[0]}`" if names else ""
+
+
 def _parameters(operation: dict[str, Any]) -> str:
     names = [f"`{p['name']}` ({p['in']})" for p in operation.get("parameters", [])]
-    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
-    if body:
-        ref = body.get("schema", {}).get("$ref", "") or str(
-            [s.get("$ref", "") for s in body.get("schema", {}).get("anyOf", [])])
-        names.append(f"body: `{ref.rsplit('/', 1)[-1].strip(chr(39) + ']')}`")
-    return ", ".join(names)
+    body = _body_schema(operation)
+    return ", ".join([*names, body] if body else names)
 
 
 def openapi_markdown() -> str:
@@ -202,9 +208,31 @@ def openapi_markdown() -> str:
         for method, operation in operations.items():
             rows.append(f"| `{method.upper()} {path}` | {_cell(operation.get('summary', ''))} | "
                         f"{_cell(_parameters(operation))} | {_responses(operation)} |")
-    schemas = sorted(document.get("components", {}).get("schemas", {}))
-    return ("\n".join(rows) + "\n\nSchemas in the document: "
-            + ", ".join(f"`{name}`" for name in schemas) + ".\n")
+    out = ["\n".join(rows), "", "## Schemas", ""]
+    for name, schema in sorted(document.get("components", {}).get("schemas", {}).items()):
+        out += [f"### {name}", ""]
+        if schema.get("description"):
+            out += [_cell(schema["description"]), ""]
+        out += ["| field | type | required | description |", "|---|---|---|---|"]
+        required = set(schema.get("required", []))
+        for field, spec in schema.get("properties", {}).items():
+            out.append(f"| `{field}` | {_cell(_schema_type(spec))} | "
+                       f"{'yes' if field in required else ''} | "
+                       f"{_cell(spec.get('description', ''))} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _schema_type(spec: dict[str, Any]) -> str:
+    if "$ref" in spec:
+        return f"`{spec['$ref'].rsplit('/', 1)[-1]}`"
+    if "anyOf" in spec:
+        return " or ".join(_schema_type(s) for s in spec["anyOf"])
+    if "enum" in spec:
+        return " \\| ".join(f"`{v}`" for v in spec["enum"])
+    if spec.get("type") == "array":
+        return f"list of {_schema_type(spec.get('items', {}))}"
+    return f"`{spec.get('type', 'any')}`"
 
 
 def _walk(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
@@ -213,13 +241,21 @@ def _walk(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
         yield from _walk(command.commands[name], [*path, name])
 
 
+def _shown_default(param: Any) -> str:
+    import click
+
+    default = param.default
+    unset = getattr(click.core, "UNSET", None)  # click >= 8.3 marks "no default" with a sentinel
+    if default is None or default is False or default is unset or callable(default):
+        return ""
+    return f"`{default}`"
+
+
 def _option_row(param: Any) -> str:
     names = ", ".join(f"`{n}`" for n in [*param.opts, *param.secondary_opts])
     envvar = f"`{param.envvar}`" if isinstance(param.envvar, str) else ""
-    default = param.default
-    shown = "" if default is None or callable(default) or default is False else f"`{default}`"
     kind = "flag" if getattr(param, "is_flag", False) else param.type.name
-    return (f"| {names} | {_cell(kind)} | {envvar} | {shown} | "
+    return (f"| {names} | {_cell(kind)} | {envvar} | {_shown_default(param)} | "
             f"{_cell(getattr(param, 'help', None) or '')} |")
 
 
@@ -237,7 +273,7 @@ def cli_markdown() -> str:
         out.append(f"## `{' '.join(path)}`\n")
         out.append(f"```text\n{' '.join(path)} [OPTIONS] {arguments}".rstrip() + "\n```\n")
         if command.help:
-            out.append(command.help.strip() + "\n")
+            out.append(inspect.cleandoc(command.help) + "\n")
         options = [p for p in command.params if isinstance(p, click.Option)]
         if options:
             out.append("| option | type | env var | default | help |\n|---|---|---|---|---|")
