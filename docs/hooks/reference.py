@@ -24,7 +24,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
@@ -92,9 +92,18 @@ def settings_models() -> list[tuple[str, type[Any], str]]:
 
 
 def _type_name(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = text or str(annotation).replace("typing.", "")
-    return text.replace("NoneType", "None")
+    """``int``, ``str or None``, ``one of debug, info``: words, since a table cell cannot hold
+    a bare ``|``."""
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(v) for v in get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    args = get_args(annotation)
+    if args:
+        return " or ".join(_type_name(a) for a in args)
+    return str(annotation).replace("typing.", "")
 
 
 def _default(field: Any) -> str:
@@ -102,6 +111,8 @@ def _default(field: Any) -> str:
         return "computed"
     if field.default is None:
         return "unset"
+    if isinstance(field.default, bool):
+        return f"`{str(field.default).lower()}`"
     if field.default == "":
         return '`""`'
     return f"`{field.default}`"
@@ -126,14 +137,15 @@ def _cell(text: str) -> str:
 
 
 def settings_table(model: type[Any], prefix: str) -> str:
-    rows = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
         meaning = field.description or MEANINGS.get(name)
         if not meaning:
             raise ValueError(f"setting {prefix}{name.upper()} has no description: add one to "
                              "the model or to MEANINGS in docs/hooks/reference.py")
-        rows.append(f"| `{prefix}{name.upper()}` | `{_cell(_type_name(field.annotation))}` | "
-                    f"{_default(field)} | {_cell(_bounds(field))} | {_cell(meaning)} |")
+        kind = ", ".join(filter(None, [_type_name(field.annotation), _bounds(field)]))
+        rows.append(f"| `{prefix}{name.upper()}` | {_cell(kind)} | {_default(field)} | "
+                    f"{_cell(meaning)} |")
     return "\n".join(rows) + "\n"
 
 
