@@ -168,7 +168,9 @@ class PhaseTransition:
             envelope = Envelope.model_validate(raw)
         except ValidationError as exc:
             # Field names and error types only: pydantic's input echo may hold payload data.
-            fields = sorted({".".join(map(str, e["loc"])) or "<root>" for e in exc.errors()})
+            # An unknown field's name is the producer's text: named only as "<unknown>".
+            fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
+                             else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
             kinds = sorted({e["type"] for e in exc.errors()})
             wid = raw.get("workflow_id") if isinstance(raw, dict) else None
             return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
