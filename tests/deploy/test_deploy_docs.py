@@ -21,8 +21,12 @@ def deploy_sections(readme: str) -> str:
 
 
 DOC = deploy_sections((chart.ROOT / "README.md").read_text())
+# What the worker calls on its queue (GetQueueAttributes: the FifoQueue check at startup and
+# the depth in burst mode); on the DLQ it only sends, and it never probes it (a probe there
+# needed GetQueueAttributes the policy does not grant, and the worker could not start).
+# tests/hostile/test_iam.py proves these on moto with IAM enforced.
 WORKER_QUEUE_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
-                        "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+                        "sqs:SendMessage", "sqs:GetQueueAttributes"}
 KMS_ACTIONS = {"kms:GenerateDataKey", "kms:Decrypt"}
 
 
