@@ -92,8 +92,10 @@ async def send(settings: Settings, body: str | dict[str, Any], group: str) -> No
 async def drain_dlq(settings: Settings) -> list[str]:
     bodies: list[str] = []
     async with queue_for(settings, settings.dlq_url) as dlq:
+        # Deleted as read: a FIFO queue holds back a group while one of its messages is out.
         while batch := await dlq.receive(10, 0, 30):
             bodies += [m.body for m in batch]
+            await dlq.delete([m.receipt_handle for m in batch])
     return bodies
 
 

@@ -23,7 +23,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from orchestrator.embedded import free_port
-from tests.helpers import ROOT, all_done, fetchval, make_settings, wait_for
+from tests.helpers import ROOT, all_done, fetchval, make_settings, settings_env, wait_for
 from tests.hostile.fleet import Fleet
 from tests.integration.test_api_server import insert_stranded_successor, spawn_orchestrator
 from worker.envelope import start_message
@@ -70,18 +70,17 @@ def enforcing_moto(tmp_path: Path) -> Iterator[str]:
     """moto server in its own process (the setting is read at import) with IAM enforced
     after SETUP_CALLS calls."""
     port = free_port()
-    log = open(tmp_path / "moto.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(SETUP_CALLS)},
-        stdout=log, stderr=log)
+    with open(tmp_path / "moto.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(SETUP_CALLS)},
+            stdout=log, stderr=log)
     try:
         asyncio.run(wait_for(lambda: _listening(port), timeout=60, what="moto server"))
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=30)
-        log.close()
 
 
 async def _listening(port: int) -> bool:
@@ -130,10 +129,7 @@ async def test_documented_policies_let_every_process_do_its_work(enforcing_moto,
                                            "PHASEGATE_WORKFLOW_MODULES": "tests.workflows"})
     port = free_port()
     orchestrator = spawn_orchestrator(settings, port, extra_env=keys["orchestrator"])
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "relay"], cwd=ROOT,
-        env={**os.environ, **worker_env(settings), **keys["orchestrator"]},
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "relay.log", "wb"))
+    relay = spawn_relay(settings, keys["orchestrator"], tmp_path / "relay.log")
     try:
         await wait_for(lambda: all_done(database_url, ["iam-1"]), timeout=90,
                        what="the producer's run completed")
@@ -160,11 +156,12 @@ async def test_documented_policies_let_every_process_do_its_work(enforcing_moto,
             await sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["All"])
 
 
-def worker_env(settings: Any) -> dict[str, str]:
-    from tests.helpers import settings_env
-
-    return {**settings_env(settings), "PHASEGATE_LOG_FORMAT": "json",
-            "PHASEGATE_WORKFLOW_MODULES": "tests.workflows", "PYTHONPATH": str(ROOT)}
+def spawn_relay(settings: Any, keys: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **settings_env(settings), "PHASEGATE_LOG_FORMAT": "json",
+           "PYTHONPATH": str(ROOT), **keys}
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "relay"], cwd=ROOT,
+                                env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def _quarantined(dsn: str) -> bool:

@@ -109,3 +109,38 @@ async def good_one(ctx: Context, state: Any) -> Any:
 @good.phase("two")
 async def good_two(ctx: Context, state: Any) -> Any:
     return {"n": state["n"] + 1}
+
+
+# The fuzzer's state generator: the start input describes the state the phase returns, in
+# storable JSON, and the phase builds the hostile value (a start input could not carry it).
+shapes = Workflow("shapes")
+
+TOKENS = {"<NUL>": "\x00", "<SUR>": "\ud800", "<LOW>": "\udfff"}
+
+
+def build(spec: Any) -> Any:
+    if isinstance(spec, str):
+        for token, char in TOKENS.items():
+            spec = spec.replace(token, char)
+        return spec
+    if isinstance(spec, list):
+        return [build(item) for item in spec]
+    if isinstance(spec, dict):
+        if "$deep" in spec:
+            return nested(int(spec["$deep"]))
+        if "$int" in spec:
+            return 10 ** int(spec["$int"])
+        if "$float" in spec:
+            return float(spec["$float"])
+        return {build(key): build(value) for key, value in spec.items()}
+    return spec
+
+
+@shapes.phase("shape")
+async def shape(ctx: Context, state: Any) -> Any:
+    return build(state["emit"]) if isinstance(state, dict) and "emit" in state else state
+
+
+@shapes.phase("after")
+async def after_shape(ctx: Context, state: Any) -> Any:
+    return state
