@@ -9,12 +9,16 @@ retried every visibility timeout. Reasons never echo the value that was refused.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker.envelope import MAIN_BRANCH, Envelope, canonical_json
 from worker.queue import Received
+from worker.steps import LedgerUnavailable
 from worker.storable import UnstorableValue, check_storable, check_storable_size
-from worker.workflow import Phase, Workflow
+from worker.tiers import Grade, Tier, grade
+from worker.workflow import NonRetryableError, Phase, Workflow
 
 if TYPE_CHECKING:
     from worker.context import Context
@@ -89,6 +93,37 @@ async def call_phase(phase: Phase, ctx: Context, state: Any, limit_s: float | No
         if scope.expired():  # ours (asyncio.timeout turns its cancel into TimeoutError)
             raise PhaseTimeout(f"phase {phase.name} ran longer than {limit_s:g}s") from None
         raise  # the phase's own TimeoutError: an ordinary failure
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A phase attempt that raised: what, and whether the retry budget applies."""
+
+    exc: BaseException
+    retryable: bool
+
+
+async def attempt(phase: Phase, ctx: Context, state: Any, tiers: Sequence[Tier],
+                  limit_s: float | None) -> tuple[Any, Grade | None] | Failed:
+    """One attempt of a phase and its grading (user code, both): the new state and its
+    grade, or how it failed. Anything the phase raises is a failure of the phase --
+    ``sys.exit()`` and ``KeyboardInterrupt`` included -- except the worker's own cancellation
+    and the step ledger's database, which are not the phase's to be charged for."""
+    try:
+        new_state = await call_phase(phase, ctx, state, limit_s)
+        return new_state, await grade(tiers, new_state)
+    except NonRetryableError as exc:
+        return Failed(exc, retryable=False)
+    except LedgerUnavailable:
+        raise  # our database: the transition hands the message back, budget not charged
+    except Exception as exc:  # PhaseTimeout included: the slot is freed, then a retry
+        return Failed(exc, retryable=True)
+    except asyncio.CancelledError as exc:
+        if own_cancellation():
+            raise
+        return Failed(exc, retryable=False)  # raised by the phase itself
+    except BaseException as exc:  # sys.exit(), KeyboardInterrupt: the phase's, not ours
+        return Failed(exc, retryable=False)
 
 
 def own_cancellation() -> bool:

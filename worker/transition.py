@@ -50,21 +50,21 @@ from worker.envelope import (
 from worker.faults import Faults
 from worker.guards import (
     MAX_TRANSITION_CRASHES,
-    call_phase,
+    Failed,
+    attempt,
     group_mismatch,
-    own_cancellation,
     phase_timeout,
     refused_start,
     storable,
 )
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
-from worker.steps import LedgerUnavailable, PostgresLedger, Steps, StepScope
+from worker.steps import PostgresLedger, Steps, StepScope
 from worker.storable import UnstorableValue
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
-from worker.tiers import PhaseOutcome, decide, grade
+from worker.tiers import PhaseOutcome, decide
 from worker.versions import Corrupt, NeedsRestart, load_verified
-from worker.workflow import NonRetryableError, Registry, Workflow
+from worker.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
 
@@ -299,25 +299,18 @@ class PhaseTransition:
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
         try:
-            new_state = await call_phase(
-                phase, ctx, state, phase_timeout(phase, self.config.phase_timeout_s))
-            graded = await grade(workflow.tiers, new_state)
-        except NonRetryableError as exc:
-            return await self.fail(envelope, phase_name, started, exc, retryable=False)
-        except LedgerUnavailable:
-            raise  # our database, not the phase: handle() hands it back, budget not charged
-        except Exception as exc:  # PhaseTimeout included: the slot is freed, then a retry
-            return await self.fail(envelope, phase_name, started, exc, retryable=True)
-        except asyncio.CancelledError as exc:
-            if own_cancellation():
-                self._log_phase(envelope, phase_name, started, "cancelled")
-                raise
-            return await self.fail(envelope, phase_name, started, exc, retryable=False)
-        except BaseException as exc:  # sys.exit(), KeyboardInterrupt: the phase's, not ours
-            return await self.fail(envelope, phase_name, started, exc, retryable=False)
+            result = await attempt(phase, ctx, state, workflow.tiers,
+                                   phase_timeout(phase, self.config.phase_timeout_s))
+        except asyncio.CancelledError:  # the worker's own (shutdown): handed back, not charged
+            self._log_phase(envelope, phase_name, started, "cancelled")
+            raise
         finally:
             metrics.PHASES_IN_FLIGHT.dec()
             self.running.pop(envelope.dedup_id, None)
+        if isinstance(result, Failed):
+            return await self.fail(envelope, phase_name, started, result.exc,
+                                   retryable=result.retryable)
+        new_state, graded = result
         try:  # the same state would fail on every retry: fail the run now, before the commit
             canonical = storable(new_state, "state")
         except UnstorableValue as exc:
@@ -476,9 +469,8 @@ class PhaseTransition:
         return Settlement(Action.DELETE, "quarantined")
 
     async def crashed(self, message: Received, exc: BaseException) -> Settlement:
-        """The transition itself raised (a bug, or hostile code outside a phase: an upcaster,
-        a grader): counted per message, retried a few times, then quarantined with its run
-        failed -- never an endless loop, never SQS's redrive of the raw body."""
+        """The transition itself raised (a bug, or user code outside a phase: an upcaster):
+        counted per message, retried, then quarantined with its run failed (never a loop)."""
         described = redact.describe(exc)
         log.error("transition_crashed", **described)
         parsed = self.parse(message)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from orchestrator.starter import start_workflow
 from tests.helpers import all_done, fetch, fetchval, queue_for, store_for, wait_for
 from tests.hostile import workflows_hostile as hw
@@ -46,23 +44,29 @@ async def test_phase_exit_interrupt_and_own_cancel_fail_the_run_not_the_worker(s
     await assert_nothing_leaked(settings)
 
 
-@pytest.mark.parametrize("kind,error", [
-    ("nul", "UnstorableValue: state.text: a string contains a NUL character"),
-    ("surrogate", "UnstorableValue: state.text: a string contains a lone surrogate"),
-    ("surrogate_key", "UnstorableValue: state: an object key contains a lone surrogate"),
-    ("deep", "UnstorableValue: state.tree"),
-    ("huge", "UnstorableValue: state: 1048597 bytes of JSON exceed the limit of 1048576"),
-    ("nan", "UnstorableValue: state.ratio: NaN and Infinity are not JSON"),
-    ("infinity", "UnstorableValue: state.ratio: NaN and Infinity are not JSON"),
-    ("not_json", "UnstorableValue: state.obj: object is not a JSON type"),
-    ("int_key", "UnstorableValue: state: object keys must be strings"),
-])
-async def test_unstorable_returned_state_fails_the_run_at_once(settings, tmp_path, kind, error):
-    wid = await start(settings, hw.returns, {"return": kind})
+UNSTORABLE_STATES = {
+    "nul": "UnstorableValue: state.text: a string contains a NUL character",
+    "surrogate": "UnstorableValue: state.text: a string contains a lone surrogate",
+    "surrogate_key": "UnstorableValue: state: an object key contains a lone surrogate",
+    "deep": "UnstorableValue: state.tree",
+    "huge": "UnstorableValue: state: 1048597 bytes of JSON exceed the limit of 1048576",
+    "nan": "UnstorableValue: state.ratio: NaN and Infinity are not JSON",
+    "infinity": "UnstorableValue: state.ratio: NaN and Infinity are not JSON",
+    "not_json": "UnstorableValue: state.obj: object is not a JSON type",
+    "int_key": "UnstorableValue: state: object keys must be strings",
+}
+
+
+async def test_unstorable_returned_state_fails_the_run_at_once(settings, tmp_path):
+    ids = {kind: await start(settings, hw.returns, {"return": kind})
+           for kind in UNSTORABLE_STATES}
     with fleet(settings, tmp_path):
-        await wait_for(lambda: all_done(settings.database_url, [wid], "failed"), what="failed")
-    row = (await runs(settings))[wid]
-    assert row["error"].startswith(error) and row["attempts"] == 1
+        await wait_for(lambda: all_done(settings.database_url, list(ids.values()), "failed"),
+                       what="failed")
+    rows = await runs(settings)
+    for kind, error in UNSTORABLE_STATES.items():
+        assert rows[ids[kind]]["error"].startswith(error), kind
+        assert rows[ids[kind]]["attempts"] == 1, kind  # not retried: it would fail again
     assert await fetchval(settings.database_url, "SELECT count(*) FROM checkpoints") == 0
 
 
