@@ -6,7 +6,7 @@ processes, next to good runs. Invariants once the queue is drained:
 - every message was deleted: the queue is empty, nothing left in flight or delayed;
 - every run is terminal, and a failed run has an error; the good runs all completed;
 - every quarantined message has a quarantine row with a known reason code and reached the DLQ
-  redacted (one DLQ body per row, none from SQS's redrive); the transition never crashed;
+  redacted (one DLQ body per message, none from SQS's redrive); the transition never crashed;
 - the canary carried in inputs appears in no log line, DLQ body, reason or error.
 
 CI runs a fixed seed and a small budget; a longer run: ``python -m bench.fuzz --examples N``
@@ -90,7 +90,11 @@ async def test_fuzzed_messages_and_states_end_in_a_defined_state(settings, tmp_p
     assert {reason.split(":")[0] for reason in reasons} <= KNOWN_CODES
     assert await fetchval(settings.database_url, "SELECT count(*) FROM transition_crashes") == 0
     bodies = await assert_nothing_leaked(settings)
-    assert len(bodies) == len(reasons)
+    # One DLQ body per quarantined message. A message redelivered after a lost lease may be
+    # quarantined twice (two rows, one message id); its second DLQ send has the same dedup id.
+    messages = await fetchval(settings.database_url,
+                              "SELECT count(DISTINCT message_id) FROM quarantine")
+    assert len(bodies) == messages
     assert all("phasegate_quarantined" in json.loads(b) for b in bodies)
     codes = Counter(reason.split(":")[0] for reason in reasons)
     statuses = Counter(row["status"] for row in all_runs.values())
