@@ -482,7 +482,7 @@ class PhaseTransition:
             why = f"{described['error']} on {crashes} deliveries"
             settlement = await self.quarantine(message, Poison(
                 "transition_crashed", why, envelope.workflow_id if envelope else None))
-            if envelope is not None:
+            if envelope is not None and settlement.action is Action.DELETE:  # else: it retries
                 await self.store.fail_run(envelope.workflow_id, f"transition_crashed: {why}; "
                                           "the message was quarantined")
         return settlement
