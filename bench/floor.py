@@ -51,8 +51,10 @@ class SqsFloorQueue:
         self.calls += 1
         response = await self.client.receive_message(
             QueueUrl=self.queue_url, MaxNumberOfMessages=max_messages,
-            WaitTimeSeconds=wait_time_s, VisibilityTimeout=visibility_timeout_s)
-        return [Received(m["MessageId"], m["ReceiptHandle"], m["Body"], None, 1)
+            WaitTimeSeconds=wait_time_s, VisibilityTimeout=visibility_timeout_s,
+            MessageSystemAttributeNames=["MessageGroupId"])  # the worker checks it
+        return [Received(m["MessageId"], m["ReceiptHandle"], m["Body"],
+                         m.get("Attributes", {}).get("MessageGroupId"), 1)
                 for m in response.get("Messages", [])]
 
     async def send(self, messages: Sequence[Outgoing]) -> None:

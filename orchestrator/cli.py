@@ -91,7 +91,8 @@ def main() -> None:
 @click.option("--modules", "workflow_modules", help="PHASEGATE_WORKFLOW_MODULES.")
 def worker(concurrency: int | None, workflow_modules: str | None) -> None:
     """Receive phase messages and run them until SIGTERM."""
-    from worker.runtime import StartupError, Worker
+    from worker.runtime import Worker
+    from worker.startup import PermanentStartupError, StartupError
 
     settings = require(settings_from(concurrency=concurrency, workflow_modules=workflow_modules),
                        "database_url", "queue_url", "dlq_url")
@@ -100,6 +101,8 @@ def worker(concurrency: int | None, workflow_modules: str | None) -> None:
     async def run() -> None:
         try:
             await instance.run()
+        except PermanentStartupError as exc:
+            fail(str(exc), 2)
         except StartupError as exc:
             fail(str(exc))
 
@@ -148,15 +151,20 @@ async def _connect_pool(settings: Settings) -> Any:
 def migrate(target: int | None) -> None:
     """Apply the numbered SQL migrations (under an advisory lock; idempotent)."""
     from worker.migrate import migrate as run_migrations
+    from worker.startup import PERMANENT_DB_ERRORS, one_line
 
     settings = require(settings_from(), "database_url")
     # Every store of PHASEGATE_STORES gets the same schema (the default store first).
     for region, dsn in sorted(settings.store_map.items(), key=lambda kv: kv[0] != "default"):
+        where = "PHASEGATE_DATABASE_URL" if region == "default" else f"region {region!r}"
         try:
             report = asyncio.run(run_migrations(dsn, target=target))
-        except OSError as exc:
-            where = "PHASEGATE_DATABASE_URL" if region == "default" else f"region {region!r}"
-            fail(f"cannot reach PostgreSQL at {where}: {exc}")
+        except PERMANENT_DB_ERRORS as exc:
+            fail(f"PostgreSQL refused {where}: {one_line(exc)}", 2)
+        except (OSError, TimeoutError) as exc:
+            fail(f"cannot reach PostgreSQL at {where}: {one_line(exc)}")
+        except Exception as exc:  # one line, never a traceback (a failed migration rolls back)
+            fail(f"migrate failed at {where}: {one_line(exc)}")
         applied = ", ".join(report.applied) or "nothing to apply"
         prefix = "" if region == "default" else f"[{region}] "
         click.echo(f"{prefix}schema at version {report.current_version} ({applied})")

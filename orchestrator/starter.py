@@ -11,6 +11,7 @@ from typing import Any
 from worker.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
 from worker.queue import Outgoing, Queue
 from worker.residency import ResidencyError, residency
+from worker.storable import UnstorableValue, check_storable, check_storable_size
 from worker.store import Store
 from worker.workflow import Registry, Workflow
 
@@ -52,7 +53,11 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         raise StartError("workflow id must be 1-100 chars of [A-Za-z0-9_.:-] and opaque "
                          "(SQS does not encrypt ids)")
     try:
-        canonical_json(input)
+        # What jsonb cannot hold is refused here, before the run row (worker/storable.py).
+        check_storable(input, where="input")
+        check_storable_size(canonical_json(input), where="input")
+    except UnstorableValue as exc:
+        raise StartError(f"input cannot be stored: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise StartError(f"input is not JSON: {exc}") from None
     # The run row holds the input; the message only wakes a worker, so it carries none.

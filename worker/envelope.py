@@ -22,18 +22,21 @@ MAIN_BRANCH = "main"
 # a restricted alphabet keeps an e-mail address or a name with spaces out of them.
 WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 BRANCH_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,26}$")
+MAX_SEQ = 2**31 - 1  # the largest Postgres integer
 
 
 class Envelope(BaseModel):
     """A parsed phase message. Unknown fields are rejected so typos surface as poison."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: a producer's ``"seq": "3"`` or ``"seq": 3.0`` is a bug to surface, not to coerce.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     v: Literal[1]
     kind: Literal["start", "phase", "merge"]
     workflow_id: str
     workflow: str = Field(min_length=1, max_length=200)
-    seq: int = Field(default=0, ge=0)
+    # Postgres stores seq as integer: a bigger one would fail inside the transition.
+    seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     phase: str | None = Field(default=None, max_length=200)
     branch: str = MAIN_BRANCH
     input: Any = None
@@ -43,6 +46,14 @@ class Envelope(BaseModel):
     # start.
     classification: Literal["public", "internal", "sensitive", "regulated"] | None = None
     region: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]{0,31}$")
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_the_integer_1(cls, value: Any) -> Any:
+        # Literal[1] alone accepts True and 1.0 (they compare equal to 1).
+        if type(value) is not int:
+            raise ValueError("v must be the integer 1")
+        return value
 
     @field_validator("workflow_id")
     @classmethod

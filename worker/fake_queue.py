@@ -115,6 +115,9 @@ class InMemoryFifoQueue:
         if failed:
             raise QueueError("ChangeMessageVisibilityBatch", failed)
 
+    async def is_fifo(self) -> bool:
+        return True
+
     async def depth(self) -> QueueDepth:
         self.calls += 1
         now = self.clock()

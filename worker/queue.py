@@ -66,6 +66,8 @@ class Queue(Protocol):
 
     async def depth(self) -> QueueDepth: ...
 
+    async def is_fifo(self) -> bool: ...
+
 
 T = TypeVar("T")
 
@@ -181,6 +183,13 @@ class SqsQueue:
         return QueueDepth(visible=int(attrs.get("ApproximateNumberOfMessages", 0)),
                           inflight=int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
                           delayed=int(attrs.get("ApproximateNumberOfMessagesDelayed", 0)))
+
+    async def is_fifo(self) -> bool:
+        """The queue's FifoQueue attribute: a standard queue would lose per-run ordering."""
+        self.calls += 1
+        response = await self._client.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["FifoQueue"])
+        return bool(response.get("Attributes", {}).get("FifoQueue") == "true")
 
 
 async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s: int = 30,

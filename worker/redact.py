@@ -35,7 +35,7 @@ _OWN_MODULES = ("worker.", "orchestrator.")
 
 
 def digest(text: str) -> dict[str, Any]:
-    raw = text.encode()
+    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate from a parsed key
     return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
 
 
@@ -103,7 +103,7 @@ def dlq_body(body: str, reason_code: str) -> str:
     """What phasegate sends to the DLQ for a quarantined message (see the module doc)."""
     try:
         raw = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
         raw = None
     if not isinstance(raw, dict):
         return json.dumps({"phasegate_quarantined": {

@@ -28,7 +28,13 @@ from worker.probes import ProbeServer
 from worker.queue import Outgoing, Queue, QueueError, Received, SqsQueue
 from worker.residency import StoreRouter, stores_from_settings
 from worker.settings import Settings
-from worker.sql import migration_files
+from worker.startup import (
+    PERMANENT_DB_ERRORS,
+    PermanentStartupError,
+    StartupError,
+    check_schema,
+    one_line,
+)
 from worker.store import Store, create_pool
 from worker.transition import (
     Action,
@@ -54,10 +60,6 @@ STOP_FLUSH_S = 2.0
 # even when a single workflow runs, off the transition's path (nothing waits on it). Far below
 # the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
 MARK_SENT_LINGER_S = 0.05
-
-
-class StartupError(Exception):
-    """The worker could not reach what it needs before the startup timeout."""
 
 
 class Worker:
@@ -178,7 +180,8 @@ class Worker:
                     max_attempts=self.settings.max_attempts,
                     retry_backoff_s=self.settings.retry_backoff_s,
                     retry_backoff_max_s=self.settings.retry_backoff_max_s,
-                    stale_after_s=self.settings.stale_after_s),
+                    stale_after_s=self.settings.stale_after_s,
+                    phase_timeout_s=self.settings.phase_timeout_s),
                 faults=self.faults, sender=sender,
                 # Outbox ids are per database: with several stores, mark each in its own.
                 mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent)
@@ -265,6 +268,9 @@ class Worker:
                     stack.push_async_callback(pool.close)
                     # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
+                except PERMANENT_DB_ERRORS as exc:  # retrying cannot fix a password
+                    raise PermanentStartupError(
+                        f"PostgreSQL refused PHASEGATE_DATABASE_URL: {one_line(exc)}") from None
                 except Exception as exc:
                     waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if self.queue is None:
@@ -275,14 +281,21 @@ class Worker:
                 stack.push_async_callback(sqs.close)
                 self.queue, self.dlq = sqs, sqs.sibling(self.settings.dlq_url or "")
             if not waiting_for:
+                # The DLQ is not probed: the worker only sends to it, and the documented IAM
+                # policy grants exactly sqs:SendMessage there (README, "IAM roles").
                 try:
-                    assert self.queue is not None and self.dlq is not None
-                    await self.queue.depth()
-                    await self.dlq.depth()
+                    assert self.queue is not None
+                    fifo = await self.queue.is_fifo()
                 except Exception as exc:
                     waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
+                else:
+                    if not fifo:
+                        raise PermanentStartupError(
+                            "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
+                            "phasegate needs per-workflow ordering; create a .fifo queue")
             if not waiting_for:
-                await self._check_schema()
+                assert self.store is not None
+                await check_schema(self.store)
                 return
             if time.monotonic() > deadline:
                 raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
@@ -291,17 +304,6 @@ class Worker:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
             delay = min(delay * 2, 5.0)
-
-    async def _check_schema(self) -> None:
-        assert self.store is not None
-        newest = migration_files()[-1][0]
-        current = await self.store.pool.fetchval(
-            "SELECT coalesce(max(version), 0) FROM phasegate_migrations") if await \
-            self.store.pool.fetchval("SELECT to_regclass('phasegate_migrations') IS NOT NULL") \
-            else 0
-        if current < newest:
-            raise StartupError(f"database schema is at version {current}, this worker needs "
-                               f"{newest}: run `phasegate migrate` first")
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -396,11 +398,21 @@ class Worker:
                 settlement = await self.transition.handle(message)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a bug, not a phase error: let the lease expire
-                log.error("transition_crashed", **redact.describe(exc))
-                settlement = Settlement(Action.RELEASE, "crashed",
-                                        self.settings.visibility_timeout_s)
+            except BaseException as exc:  # SystemExit included: user code never ends a worker
+                settlement = await self._crashed(message, exc)
             await self._settle(message, settlement)
+
+    async def _crashed(self, message: Received, exc: BaseException) -> Settlement:
+        """Counted and bounded by the transition; if even that fails (the database is
+        down), the lease expires and the message comes back."""
+        assert self.transition is not None
+        try:
+            return await self.transition.crashed(message, exc)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as again:
+            log.error("crash_not_counted", **redact.describe(again))
+            return Settlement(Action.RELEASE, "crashed", self.settings.visibility_timeout_s)
 
     # -- the one place messages are settled -----------------------------------------------
 

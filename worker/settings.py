@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1, le=1000)
     retry_backoff_s: float = Field(default=2.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0, le=SQS_MAX_VISIBILITY_TIMEOUT_SECONDS)
+    # A phase still running after this long is cancelled and counts as a failed (retryable)
+    # attempt, so a phase awaiting forever cannot hold its slot and its message forever.
+    # An hour: longer than any phase we have seen, short enough that a hung call is noticed.
+    # 0 = no limit; ``@wf.phase(name, timeout_s=...)`` overrides it per phase.
+    phase_timeout_s: float = Field(default=3600.0, ge=0)
     # -- inside the room: a run resuming from a checkpoint older than this (database time)
     # re-fetches the versions of the resources it observed (worker/staleness.py).
     stale_after_s: float = Field(default=3600.0, ge=0)

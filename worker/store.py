@@ -199,6 +199,14 @@ class Store:
         return int(await self.pool.fetchval(
             self._q["quarantine"], message_id, workflow_id, reason, body_bytes, worker_id))
 
+    async def count_crash(self, message_id: str, error_type: str) -> int:
+        """One more crash of the transition on this SQS message; the count so far."""
+        return int(await self.pool.fetchval(self._q["count_crash"], message_id, error_type))
+
+    async def fail_run(self, workflow_id: str, reason: str) -> bool:
+        """Fail a run that has not ended, whatever its seq (its message was given up)."""
+        return await self.pool.fetchval(self._q["fail_run"], workflow_id, reason) is not None
+
 
 def decode_state(state_json: str | None) -> Any:
     return None if state_json is None else json.loads(state_json)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -43,18 +44,27 @@ from worker.envelope import (
     MAIN_BRANCH,
     WORKFLOW_ID_PATTERN,
     Envelope,
-    canonical_json,
     phase_message,
     state_hash,
 )
 from worker.faults import Faults
+from worker.guards import (
+    MAX_TRANSITION_CRASHES,
+    Failed,
+    attempt,
+    group_mismatch,
+    phase_timeout,
+    refused_start,
+    storable,
+)
 from worker.queue import Outgoing, Queue, QueueError, Received
 from worker.staleness import Observations
-from worker.steps import LedgerUnavailable, PostgresLedger, Steps, StepScope
+from worker.steps import PostgresLedger, Steps, StepScope
+from worker.storable import UnstorableValue
 from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
-from worker.tiers import PhaseOutcome, decide, grade
+from worker.tiers import PhaseOutcome, decide
 from worker.versions import Corrupt, NeedsRestart, load_verified
-from worker.workflow import NonRetryableError, Registry, Workflow
+from worker.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
 
@@ -103,6 +113,7 @@ class TransitionConfig:
     retry_backoff_s: float
     retry_backoff_max_s: float
     stale_after_s: float = 3600.0
+    phase_timeout_s: float = 0.0
 
 
 class PhaseTransition:
@@ -151,11 +162,15 @@ class PhaseTransition:
             raw = json.loads(message.body)
         except ValueError:
             return Poison("not_json", "body is not valid JSON")
+        except RecursionError:  # the parser's own limit: deeper than anything we store
+            return Poison("too_deep", "body nests JSON deeper than the parser allows")
         try:
             envelope = Envelope.model_validate(raw)
         except ValidationError as exc:
             # Field names and error types only: pydantic's input echo may hold payload data.
-            fields = sorted({".".join(map(str, e["loc"])) or "<root>" for e in exc.errors()})
+            # An unknown field's name is the producer's text: named only as "<unknown>".
+            fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
+                             else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
             kinds = sorted({e["type"] for e in exc.errors()})
             wid = raw.get("workflow_id") if isinstance(raw, dict) else None
             return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
@@ -172,6 +187,10 @@ class PhaseTransition:
         unroutable = residency.unroutable(self.store, envelope)
         if unroutable is not None:  # refused before anything is written anywhere
             return Poison("unknown_region", unroutable, envelope.workflow_id)
+        refused = group_mismatch(message, envelope) or (
+            refused_start(envelope, workflow) if envelope.kind == "start" else None)
+        if refused is not None:  # before any row is written: nothing is left `running`
+            return Poison(*refused, envelope.workflow_id)
         return envelope, workflow
 
     # -- 2. check -----------------------------------------------------------------------------
@@ -280,23 +299,21 @@ class PhaseTransition:
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
         try:
-            new_state = await phase.fn(ctx, state)
-            graded = await grade(workflow.tiers, new_state)
-        except NonRetryableError as exc:
-            return await self.fail(envelope, phase_name, started, exc, retryable=False)
-        except asyncio.CancelledError:
+            result = await attempt(phase, ctx, state, workflow.tiers,
+                                   phase_timeout(phase, self.config.phase_timeout_s))
+        except asyncio.CancelledError:  # the worker's own (shutdown): handed back, not charged
             self._log_phase(envelope, phase_name, started, "cancelled")
             raise
-        except LedgerUnavailable:
-            raise  # our database, not the phase: handle() hands it back, budget not charged
-        except Exception as exc:
-            return await self.fail(envelope, phase_name, started, exc, retryable=True)
         finally:
             metrics.PHASES_IN_FLIGHT.dec()
             self.running.pop(envelope.dedup_id, None)
-        try:
-            canonical = canonical_json(new_state)
-        except (TypeError, ValueError) as exc:  # the same state would fail on every retry
+        if isinstance(result, Failed):
+            return await self.fail(envelope, phase_name, started, result.exc,
+                                   retryable=result.retryable)
+        new_state, graded = result
+        try:  # the same state would fail on every retry: fail the run now, before the commit
+            canonical = storable(new_state, "state")
+        except UnstorableValue as exc:
             return await self.fail(envelope, phase_name, started, exc, retryable=False)
         outcome = decide(workflow, phase, envelope.seq, graded, ctx.tier_attempt, door.rerun_of)
         self.faults.hit("mid_phase")
@@ -450,6 +467,25 @@ class PhaseTransition:
         log.warning("quarantined", code=poison.code, reason=poison.reason,
                     message_id=message.message_id, quarantined_workflow_id=poison.workflow_id)
         return Settlement(Action.DELETE, "quarantined")
+
+    async def crashed(self, message: Received, exc: BaseException) -> Settlement:
+        """The transition itself raised (a bug, or user code outside a phase: an upcaster):
+        counted per message, retried, then quarantined with its run failed (never a loop)."""
+        described = redact.describe(exc)
+        log.error("transition_crashed", **described)
+        parsed = self.parse(message)
+        envelope = parsed[0] if isinstance(parsed, tuple) else None
+        with residency.route(self.store, envelope) if envelope else nullcontext():
+            crashes = await self.store.count_crash(message.message_id, described["error_type"])
+            if crashes < MAX_TRANSITION_CRASHES:
+                return Settlement(Action.RELEASE, "crashed", self._backoff(crashes))
+            why = f"{described['error']} on {crashes} deliveries"
+            settlement = await self.quarantine(message, Poison(
+                "transition_crashed", why, envelope.workflow_id if envelope else None))
+            if envelope is not None and settlement.action is Action.DELETE:  # else: it retries
+                await self.store.fail_run(envelope.workflow_id, f"transition_crashed: {why}; "
+                                          "the message was quarantined")
+        return settlement
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ class Phase:
     fn: PhaseFn
     index: int
     policy: TierPolicy | None = None  # what happens when the phase ends below a tier
+    timeout_s: float | None = None  # None: the worker's PHASEGATE_PHASE_TIMEOUT_S
 
 
 class Workflow:
@@ -70,17 +71,21 @@ class Workflow:
 
     def phase(self, name: str, *, expect_tier: str | int | None = None,
               below_tier: str = "advance",
-              max_tier_retries: int = 2) -> Callable[[PhaseFn], PhaseFn]:
+              max_tier_retries: int = 2,
+              timeout_s: float | None = None) -> Callable[[PhaseFn], PhaseFn]:
         """Register ``async def fn(ctx, state) -> state`` as the next phase.
 
         ``expect_tier`` (a tier label or number) with ``below_tier`` = ``"retry"`` (up to
         ``max_tier_retries`` more attempts, then escalate), ``"escalate"`` (awaiting_review) or
-        ``"advance"`` says what happens when the phase ends below that tier."""
+        ``"advance"`` says what happens when the phase ends below that tier. ``timeout_s``
+        bounds one attempt (0: no limit; default: ``PHASEGATE_PHASE_TIMEOUT_S``)."""
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"phase name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
         if name in self._phases:
             raise WorkflowDefinitionError(f"phase {name!r} declared twice in {self.name!r}")
+        if timeout_s is not None and not timeout_s >= 0:
+            raise WorkflowDefinitionError(f"phase {name!r}: timeout_s must be >= 0")
 
         try:
             policy = build_policy(self.tiers, name, expect_tier, below_tier, max_tier_retries)
@@ -91,7 +96,7 @@ class Workflow:
             if not callable(fn) or not _is_coroutine_function(fn):
                 raise WorkflowDefinitionError(f"phase {name!r} must be an async function")
             self._phases[name] = Phase(name=name, fn=fn, index=len(self._phases),
-                                       policy=policy)
+                                       policy=policy, timeout_s=timeout_s)
             return fn
 
         return register

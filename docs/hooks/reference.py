@@ -55,6 +55,8 @@ MEANINGS: dict[str, str] = {
     "max_attempts": "Failed attempts of one phase before the run is `failed`",
     "retry_backoff_s": "Retry backoff base: `retry_backoff_s` × 2^(attempt−1)",
     "retry_backoff_max_s": "Retry backoff cap",
+    "phase_timeout_s": "One attempt of a phase longer than this is cancelled and retried "
+                       "(0 = no limit; `@wf.phase(name, timeout_s=...)` overrides)",
     "stale_after_s": "A run resuming from an older checkpoint re-checks its observed resources "
                      "([staleness envelope](../concepts/inside-a-phase.md#staleness-envelope))",
     "db_pool_min": "Connections per worker, at least (keep small: pods × pool ≤ server)",

@@ -16,8 +16,12 @@ from tests.deploy import chart
 DEPLOY_PAGES = ("docs/how-to/deploy-eks.md", "docs/how-to/kustomize.md",
                 "docs/how-to/local-stack.md")
 DOC = "\n".join((chart.ROOT / page).read_text() for page in DEPLOY_PAGES)
+# What the worker calls on its queue (GetQueueAttributes: the FifoQueue check at startup and
+# the depth in burst mode); on the DLQ it only sends, and it never probes it (a probe there
+# needed GetQueueAttributes the policy does not grant, and the worker could not start).
+# tests/hostile/test_iam.py proves these on moto with IAM enforced.
 WORKER_QUEUE_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
-                        "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+                        "sqs:SendMessage", "sqs:GetQueueAttributes"}
 KMS_ACTIONS = {"kms:GenerateDataKey", "kms:Decrypt"}
 
 

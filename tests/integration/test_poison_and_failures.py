@@ -52,11 +52,13 @@ EXPECTED_CODE = {"not_json": "not_json", "invalid_envelope": "invalid_envelope",
 
 
 async def test_every_kind_of_poison_is_quarantined_and_work_continues(settings):
-    # A healthy run shares a message group with each poison message: the group must go on.
+    # A healthy run shares a message group with the poison messages: the group must go on.
+    # (A message that parses must carry its own run's group, else it is group_mismatch.)
     for name, body in POISON.items():
-        await send_raw(settings, body, group="shared-group", dedup=f"{name:0<64}"[:64])
+        await send_raw(settings, body, group="p-6" if name == "no_run" else "good-1",
+                       dedup=f"{name:0<64}"[:64])
     good = start_message("good-1", "chain", {"n": 1})
-    await send_raw(settings, good.to_json(), group="shared-group", dedup="g" * 64)
+    await send_raw(settings, good.to_json(), group="good-1", dedup="g" * 64)
     async with running_worker(settings, REGISTRY) as worker:
         await wait_for(lambda: all_done(settings.database_url, ["good-1"]), what="good run")
         await wait_for(lambda: _quarantined(settings, len(POISON)), what="all quarantined")
@@ -125,7 +127,8 @@ async def test_phase_that_keeps_failing_ends_failed_with_error_and_no_traceback(
     assert rows[wid]["error"].startswith("RuntimeError (message withheld: 12 chars, sha256 ")
     assert rows[fatal]["attempts"] == 1  # NonRetryableError skips the retry budget
     assert rows[fatal]["error"].startswith("NonRetryableError (message withheld")
-    assert rows[bad]["attempts"] == 1 and rows[bad]["error"].startswith("TypeError")
+    assert rows[bad]["attempts"] == 1 and rows[bad]["error"].startswith(
+        "UnstorableValue: state.not_json: object is not a JSON type")
     assert all("Traceback" not in r["error"] for r in rows.values())
     assert await fetchval(settings.database_url, "SELECT count(*) FROM checkpoints") == 0
 

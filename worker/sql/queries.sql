@@ -281,3 +281,18 @@ SELECT r.workflow, (r.next_seq = r.base_seq) AS at_input, c.schema_version AS ve
  WHERE r.status IN ('pending', 'running', 'awaiting_review')
  GROUP BY 1, 2, 3
  ORDER BY 1, 2, 3;
+
+-- name: count_crash
+-- One more crash of the transition on this message; returns the count so far.
+INSERT INTO transition_crashes AS c (message_id, error_type) VALUES ($1, $2)
+ON CONFLICT (message_id) DO UPDATE
+   SET crashes = c.crashes + 1, error_type = excluded.error_type, updated_at = now()
+RETURNING crashes;
+
+-- name: fail_run
+-- A run whose message the worker gave up on (quarantined after repeated crashes): failed,
+-- with the reason, whatever seq it is at, unless it already ended.
+UPDATE workflow_runs
+   SET status = 'failed', error = $2, updated_at = now(), finished_at = now()
+ WHERE workflow_id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING workflow_id;
