@@ -1,4 +1,5 @@
-"""The documented IAM policies (docs/how-to/deploy-eks.md) are what the worker, the relay and the orchestrator call: each runs
+"""The IAM policies in docs/how-to/deploy-eks.md are what the worker, the relay and the
+orchestrator call: each runs
 as a real process against moto server with IAM enforced (INITIAL_NO_AUTH_ACTION_COUNT), as an
 IAM user holding exactly the documented policy. A call the policy does not grant is
 AccessDenied, and the process would fail to start or log it."""
@@ -36,8 +37,8 @@ SETUP_CALLS = 3 + 3 * 3
 
 
 def documented_policies() -> dict[str, dict[str, Any]]:
-    """The worker and orchestrator role policies exactly as docs/how-to/deploy-eks.md prints them, for this
-    account and region; and the producer's, which that page states in a sentence."""
+    """The worker and orchestrator role policies exactly as docs/how-to/deploy-eks.md prints
+    them, for this account and region; and the producer's, which that page states in a sentence."""
     readme = (ROOT / "docs/how-to/deploy-eks.md").read_text()
     found = {}
     for role in ("Worker", "Orchestrator"):
