@@ -8,31 +8,39 @@ the run row, so a crash of this process never loses one.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, FastAPI, Header, Query, Request, Response
+import asyncpg
+from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi import Path as Path_
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
+from orchestrator.auth import Authenticator, Caller, NoAuth
 from orchestrator.control import Control, Outcome
 from orchestrator.fleet import Fleet, FleetView
+from orchestrator.gate import OPEN_PATHS, Gate, required_role
 from orchestrator.views import (
     CheckpointPage,
     ControlError,
-    Invalid,
     Run,
     RunPage,
     StallReport,
     SummaryRow,
 )
-from worker.access import ROLE_PATTERN
+from worker.limits import SQS_MAX_MESSAGE_BYTES
 from worker.queue import Queue
+from worker.storable import UnstorableValue, check_storable
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
+# Seqs and cursors are PostgreSQL integers; a larger value is a 422, not an overflow (500).
+MAX_INT4 = 2**31 - 1
+# A stall threshold of ten years is "never"; beyond it the interval arithmetic overflows.
+MAX_STALL_S = 10 * 365 * 86400.0
 
 
 @dataclass
@@ -40,9 +48,26 @@ class Services:
     control: Control
     queue: Queue | None
     fleet: FleetView
+    # Who may call /v1. Built from PHASEGATE_API_AUTH by the orchestrator; the default here
+    # is for in-process callers (the CLI's summary) that never serve HTTP.
+    auth: Authenticator = field(default_factory=NoAuth)
+    max_body_bytes: int = SQS_MAX_MESSAGE_BYTES
 
 
-class StartRequest(BaseModel):
+class Storable(BaseModel):
+    """A request body PostgreSQL can store: no NUL, no lone surrogate, not too deep."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        try:
+            check_storable(value, where="body")
+        except UnstorableValue as exc:
+            raise ValueError(f"{exc.where}: {exc.reason}") from None
+        return value
+
+
+class StartRequest(Storable):
     workflow: str = Field(min_length=1, max_length=200)
     input: Any = None
     id: str | None = Field(default=None, description="Opaque id; a repeat returns the run.")
@@ -52,12 +77,12 @@ class StartRequest(BaseModel):
         default=None, description="The store (PHASEGATE_STORES) the run lives in; fixed.")
 
 
-class MergeRequest(BaseModel):
+class MergeRequest(Storable):
     branch: str = Field(min_length=1, max_length=26, description="The branch to promote.")
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class ActionRequest(BaseModel):
+class ActionRequest(Storable):
     reason: str | None = Field(default=None, max_length=1000)
 
 
@@ -94,23 +119,64 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No such run"},
     409: {"model": Problem, "description": "The run's status does not allow this"},
 }
+GATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "No bearer token, or not a valid one"},
+    403: {"model": Problem, "description": "The token's roles do not include the one needed"},
+    503: {"model": Problem, "description": "The database (or the token check) is unreachable"},
+}
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": Problem, "description": "The body exceeds PHASEGATE_API_MAX_BODY_BYTES"},
+}
+# The database is down or the connection broke: 503, so a client retries, never a 500.
+UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError,
+               asyncio.TimeoutError)
+# SQLSTATE classes that mean "not now" rather than "wrong": connection exceptions, too many
+# connections / out of resources, and an administrator's shutdown or a starting server.
+UNAVAILABLE_SQLSTATE = ("08", "53", "57")
+
+WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
+
+
+def caller_of(request: Request) -> Caller:
+    caller: Caller | None = request.scope.get("state", {}).get("caller")
+    return caller if caller is not None else NoAuth.caller
+
+
+CallerDep = Annotated[Caller, Depends(caller_of)]
 
 
 def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="phasegate orchestrator", version="1",
-                  description="Start, inspect and steer phasegate workflow runs.")
+                  description="Start, inspect and steer phasegate workflow runs. Every /v1 "
+                              "route needs a bearer token with the role its description "
+                              "names (viewer < operator < admin).")
     app.state.services = services
 
     @app.exception_handler(ControlError)
     async def control_error(request: Request, exc: ControlError) -> JSONResponse:
         return JSONResponse({"detail": exc.reason}, status_code=exc.status_code)
 
-    control = services.control
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": f"the database is unavailable ({type(exc).__name__}); "
+                                       "retry later"}, status_code=503)
+
+    for error in UNAVAILABLE:
+        app.add_exception_handler(error, unavailable)
+
+    @app.exception_handler(asyncpg.PostgresError)
+    async def postgres_error(request: Request, exc: asyncpg.PostgresError) -> JSONResponse:
+        if str(getattr(exc, "sqlstate", "") or "").startswith(UNAVAILABLE_SQLSTATE):
+            return await unavailable(request, exc)
+        raise exc
+
+    def control_for(caller: Caller) -> Control:
+        return services.control.acting_as(caller.name)
 
     @app.post("/v1/workflows", status_code=201, response_model=Run,
               responses={200: {"model": Run, "description": "The run with this id existed"},
-                         422: {"description": "Unknown workflow or bad input"}})
-    async def start(request: StartRequest, response: Response) -> Run:
+                         422: {"description": "Unknown workflow or bad input"}, **BODY_ERRORS})
+    async def start(request: StartRequest, response: Response, caller: CallerDep) -> Run:
+        control = control_for(caller)
         run, created = await control.start(request.workflow, request.input, request.id,
                                            classification=request.classification,
                                            region=request.region)
@@ -119,75 +185,81 @@ def create_app(services: Services) -> FastAPI:
         return run
 
     @app.get("/v1/workflows/{workflow_id}", response_model=Run, responses=ERRORS)
-    async def get_run(workflow_id: str) -> Run:
+    async def get_run(workflow_id: WorkflowId) -> Run:
+        control = services.control
         return await (await control.scoped(workflow_id)).views.get_run(workflow_id)
 
     @app.get("/v1/workflows", response_model=RunPage)
     async def list_runs(
-            status: str | None = None, workflow: str | None = None, phase: str | None = None,
+            status: Annotated[str | None, Query(max_length=64)] = None,
+            workflow: Annotated[str | None, Query(max_length=200)] = None,
+            phase: Annotated[str | None, Query(max_length=200)] = None,
             limit: Annotated[int, Query(ge=1, le=500)] = 50,
-            cursor: str | None = None) -> RunPage:
-        return await control.views.list_runs(status=status, workflow=workflow, phase=phase,
-                                             limit=limit, cursor=cursor)
+            cursor: Annotated[str | None, Query(max_length=500)] = None) -> RunPage:
+        return await services.control.views.list_runs(
+            status=status, workflow=workflow, phase=phase, limit=limit, cursor=cursor)
 
     @app.get("/v1/workflows/{workflow_id}/checkpoints", response_model=CheckpointPage,
              responses=ERRORS)
     async def checkpoints(
-            workflow_id: str, include: Annotated[str | None, Query(pattern="^state$")] = None,
-            after: Annotated[int, Query(ge=0)] = 0,
+            workflow_id: WorkflowId, caller: CallerDep,
+            include: Annotated[str | None, Query(pattern="^state$")] = None,
+            after: Annotated[int, Query(ge=0, le=MAX_INT4)] = 0,
             limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
-            x_phasegate_role: Annotated[str | None, Header(
-                description="The caller's role for the read policy (PHASEGATE_READ_POLICY); "
-                            "set by the authenticating proxy in front of this API.")] = None,
     ) -> CheckpointPage:
-        if x_phasegate_role is not None and not ROLE_PATTERN.match(x_phasegate_role):
-            raise Invalid("X-Phasegate-Role must be 1-64 chars of [A-Za-z0-9_.:-]")
-        scoped = await control.scoped(workflow_id)
+        """With ``include=state``, each checkpoint's state as the read policy
+        (PHASEGATE_READ_POLICY) allows for the token's roles; every read is logged."""
+        scoped = await control_for(caller).scoped(workflow_id)
         return await scoped.views.checkpoints(workflow_id, include_state=include == "state",
-                                              after=after, limit=limit, role=x_phasegate_role)
+                                              after=after, limit=limit, roles=caller.roles)
 
     @app.get("/v1/workflows/{workflow_id}/actions", responses=ERRORS)
-    async def actions(workflow_id: str) -> dict[str, Any]:
-        scoped = await control.scoped(workflow_id)
+    async def actions(workflow_id: WorkflowId) -> dict[str, Any]:
+        scoped = await services.control.scoped(workflow_id)
         await scoped.views.get_run(workflow_id)
         return {"workflow_id": workflow_id,
                 "actions": [a.model_dump(mode="json")
                             for a in await scoped.views.actions(workflow_id)]}
 
     def action_route(name: str) -> None:
-        async def act(workflow_id: str,
+        async def act(workflow_id: WorkflowId, caller: CallerDep,
                       body: Annotated[ActionRequest | None, Body()] = None) -> ActionResponse:
-            scoped = await control.scoped(workflow_id)
+            scoped = await control_for(caller).scoped(workflow_id)
             outcome: Outcome = await getattr(scoped, name)(
                 workflow_id, body.reason if body else None)
             return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
 
         app.post(f"/v1/workflows/{{workflow_id}}/{name}", response_model=ActionResponse,
-                 responses=ERRORS, name=name, summary=f"{name.capitalize()} a run")(act)
+                 responses={**ERRORS, **BODY_ERRORS}, name=name,
+                 summary=f"{name.capitalize()} a run")(act)
 
     for name in ("cancel", "retry", "restart", "approve", "reject"):
         action_route(name)
 
     @app.post("/v1/workflows/{workflow_id}/merge", response_model=ActionResponse,
-              responses=ERRORS, summary="Supervisor merge: promote a branch's state")
-    async def merge(workflow_id: str, request: MergeRequest) -> ActionResponse:
-        scoped = await control.scoped(workflow_id)
+              responses={**ERRORS, **BODY_ERRORS},
+              summary="Supervisor merge: promote a branch's state")
+    async def merge(workflow_id: WorkflowId, request: MergeRequest,
+                    caller: CallerDep) -> ActionResponse:
+        scoped = await control_for(caller).scoped(workflow_id)
         outcome = await scoped.merge(workflow_id, request.branch, request.reason)
         return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
 
     @app.get("/v1/workflows/{workflow_id}/branches", responses=ERRORS)
-    async def branches(workflow_id: str) -> dict[str, Any]:
-        scoped = await control.scoped(workflow_id)
+    async def branches(workflow_id: WorkflowId) -> dict[str, Any]:
+        scoped = await services.control.scoped(workflow_id)
         return {"workflow_id": workflow_id, "forks": await scoped.branches(workflow_id)}
 
     @app.get("/v1/stalls", response_model=StallReport)
-    async def stalls(older_than_s: Annotated[float, Query(ge=0)] = DEFAULT_STALL_S,
+    async def stalls(older_than_s: Annotated[float, Query(
+                         ge=0, le=MAX_STALL_S, allow_inf_nan=False)] = DEFAULT_STALL_S,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> StallReport:
-        return await control.views.stalls(older_than_s, limit)
+        return await services.control.views.stalls(older_than_s, limit)
 
     @app.get("/v1/summary", response_model=Summary)
     async def summary() -> Summary:
-        runs, queue = await asyncio.gather(control.views.summary(), queue_state(services))
+        runs, queue = await asyncio.gather(services.control.views.summary(),
+                                           queue_state(services))
         return Summary(runs=runs, queue=queue)
 
     @app.get("/v1/fleet", response_model=FleetReport)
@@ -211,7 +283,38 @@ def create_app(services: Services) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
+    describe_roles(app)
+    app.add_middleware(Gate, auth=services.auth, routes=app.router.routes,
+                       max_body_bytes=services.max_body_bytes)
     return app
+
+
+def describe_roles(app: FastAPI) -> None:
+    """Name each /v1 route's role in its OpenAPI description and declare the bearer scheme."""
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.routing import APIRoute
+
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path not in OPEN_PATHS:
+            role = required_role(route.name)
+            note = f"Needs a token with the **{role}** role (or higher)."
+            route.description = f"{route.description}\n\n{note}".strip()
+            route.responses = {**route.responses, **GATE_ERRORS}
+            route.openapi_extra = {"security": [{"bearer": []}]}
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "A token from `phasegate token new` "
+                                          "(PHASEGATE_API_AUTH=tokens) or a ServiceAccount "
+                                          "token (PHASEGATE_API_AUTH=kubernetes)."}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def queue_state(services: Services) -> QueueState:

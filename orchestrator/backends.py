@@ -41,10 +41,11 @@ class Backend(Protocol):
 
 
 class ApiBackend:
-    def __init__(self, url: str, *, timeout_s: float = 10.0, role: str | None = None) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 10.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        # The read policy's role (docs/how-to/security.md); the API trusts its proxy to set it.
-        headers = {"X-Phasegate-Role": role} if role else {}
+        # The API knows the caller (and its roles for the read policy) by its bearer token
+        # (PHASEGATE_API_TOKEN, docs/how-to/security.md).
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -159,8 +160,9 @@ class DatabaseBackend:
 
     def checkpoints(self, workflow_id: str, include_state: bool) -> dict[str, Any]:
         async def get(control: Control) -> dict[str, Any]:
-            page = await control.views.checkpoints(workflow_id, include_state=include_state,
-                                                   role=self.role)
+            page = await control.views.checkpoints(
+                workflow_id, include_state=include_state,
+                roles=frozenset({self.role}) if self.role else None)
             return page.model_dump(mode="json")
 
         return self._do(get)

@@ -236,7 +236,8 @@ def demo(runs: int, workers: int, no_kill: bool) -> None:
     sys.exit(run_demo(runs=runs, workers=workers, kill=not no_kill))
 
 
-from orchestrator import cli_control  # noqa: E402  (control plane; needs the helpers above)
+# The control plane's commands need the helpers above.
+from orchestrator import cli_control, cli_token  # noqa: E402
 
 main.add_command(cli_control.orchestrator)
 main.add_command(cli_control.status)
@@ -248,6 +249,7 @@ main.add_command(cli_control.approve)
 main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
 main.add_command(cli_control.merge)
+main.add_command(cli_token.token)
 
 
 @main.command()

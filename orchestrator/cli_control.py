@@ -2,12 +2,14 @@
 approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``orchestrator/cli.py``.
 
 Each control command talks to the orchestrator's API with ``--api URL`` (or
-``PHASEGATE_API_URL``) and to the database directly otherwise.
+``PHASEGATE_API_URL``), sending the bearer token in ``PHASEGATE_API_TOKEN``, and to the
+database directly otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from typing import Any
@@ -19,7 +21,8 @@ from orchestrator.backends import ApiBackend, Backend, BackendError, DatabaseBac
 
 API_OPTION = click.option(
     "--api", "api_url", envvar="PHASEGATE_API_URL",
-    help="The orchestrator's URL (PHASEGATE_API_URL); without it, the database directly.")
+    help="The orchestrator's URL (PHASEGATE_API_URL; the token is read from "
+         "PHASEGATE_API_TOKEN); without it, the database directly.")
 
 
 def _backend(api_url: str | None, *, needs_registry: bool = False,
@@ -28,14 +31,16 @@ def _backend(api_url: str | None, *, needs_registry: bool = False,
 
     settings = settings_from()
     if api_url:
-        return ApiBackend(api_url, role=role)
+        return ApiBackend(api_url, token=os.environ.get("PHASEGATE_API_TOKEN") or None)
     require(settings, "database_url")
     return DatabaseBackend(settings, load_registry(settings, required=needs_registry),
                            role=role)
 
 
 def _fail(error: BackendError) -> None:
-    click.echo(f"phasegate: {error}", err=True)
+    hint = " (set PHASEGATE_API_TOKEN to a token from `phasegate token new`)" \
+        if error.status == 401 else ""
+    click.echo(f"phasegate: {error}{hint}", err=True)
     raise SystemExit(1 if error.status in (0, 404, 409) else 2)
 
 
@@ -56,6 +61,7 @@ def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_in
     """Serve the HTTP API, run the outbox relay and the queue-depth exporter until SIGTERM."""
     from orchestrator.cli import fail, load_registry, require, run_until_signal, settings_from
     from orchestrator.server import Orchestrator, OrchestratorOptions
+    from worker.settings import SettingsError, exit_on_settings_error
 
     settings = require(settings_from(api_host=host, api_port=port), "database_url", "queue_url")
     registry = load_registry(settings, required=False)
@@ -64,9 +70,16 @@ def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_in
         exporter_interval_s=exporter_interval, fleet_deployment=fleet_deployment,
         fleet_namespace=fleet_namespace))
 
+    try:
+        instance.authenticator()  # a bad auth setting exits 2 now, before anything connects
+    except SettingsError as exc:
+        exit_on_settings_error(exc)
+
     async def run() -> None:
         try:
             await instance.run()
+        except SettingsError as exc:
+            exit_on_settings_error(exc)
         except OSError as exc:
             fail(f"cannot start the orchestrator: {type(exc).__name__}: {exc}")
 
@@ -109,8 +122,9 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
 @click.argument("workflow_id")
 @click.option("--state", "include_state", is_flag=True, help="Show each checkpoint's state.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-@click.option("--role", envvar="PHASEGATE_ROLE", help="Your role for the read policy "
-              "(PHASEGATE_ROLE; PHASEGATE_READ_POLICY decides which phases' state it sees).")
+@click.option("--role", envvar="PHASEGATE_ROLE", help="Your role for the read policy when "
+              "reading the database directly (PHASEGATE_ROLE); with --api, the token's roles "
+              "decide which phases' state you see.")
 @click.option("--tree", is_flag=True, help="Draw the branch DAG (forks, branches, merges).")
 def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool,
             role: str | None, tree: bool) -> None:

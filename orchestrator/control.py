@@ -87,6 +87,14 @@ class Control:
         self._scoped: dict[str, Control] = {}
         self._q = queries()
 
+    def acting_as(self, actor: str) -> Control:
+        """This control plane with ``actor`` recorded on its actions and reads (the API's
+        caller: the token's name)."""
+        if actor == self.actor:
+            return self
+        return Control(self.pool, self.queue, self.registry, actor=actor,
+                       read_policy=self.read_policy, stores=self.stores)
+
     def in_store(self, store: RegionalStore) -> Control:
         """This control plane over one regional store (the default store: itself)."""
         if store.region == DEFAULT_REGION:

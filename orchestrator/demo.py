@@ -78,6 +78,7 @@ class Fleet:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.control: subprocess.Popen[bytes] | None = None
         self.control_url: str | None = None
+        self.control_token: str | None = None
 
     def _spawn(self, args: list[str], name: str, extra: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
@@ -96,9 +97,18 @@ class Fleet:
         from orchestrator.cli import main
 
         if "orchestrator" in main.commands:
+            from orchestrator.auth import new_token, token_line
+
+            # The demo's API is protected like any other: one admin token, printed with the URL.
             port = free_port()
+            self.control_token = new_token()
+            tokens = self.log_dir / "api-tokens"
+            tokens.write_text(token_line("demo", ["admin"], self.control_token) + "\n")
+            tokens.chmod(0o600)
             self.control = self._spawn(["orchestrator"], "orchestrator",
-                                       {"PHASEGATE_API_PORT": str(port)})
+                                       {"PHASEGATE_API_PORT": str(port),
+                                        "PHASEGATE_API_AUTH": "tokens",
+                                        "PHASEGATE_API_TOKENS_FILE": str(tokens)})
             self.control_url = f"http://127.0.0.1:{port}"
         else:
             self.control = self._spawn(["relay"], "relay")
@@ -230,7 +240,9 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
             fleet.start_worker()
         if fleet.control_url:
             display.say(f"orchestrator API: {fleet.control_url}  (OpenAPI: "
-                        f"{fleet.control_url}/docs)")
+                        f"{fleet.control_url}/docs)\n  token (admin): {fleet.control_token}\n"
+                        f"  try: PHASEGATE_API_TOKEN={fleet.control_token} phasegate status "
+                        f"--api {fleet.control_url}")
         display.say(f"{workers} workers, starting {runs} runs of '{pipeline.name}' "
                     f"({' -> '.join(p.name for p in pipeline.phases)})")
         await start_runs(dsn, queue_url, endpoint, runs)

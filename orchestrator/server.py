@@ -18,6 +18,7 @@ import structlog
 import uvicorn
 
 from orchestrator.api import Services, create_app
+from orchestrator.auth import Authenticator, authenticator_from
 from orchestrator.control import Control
 from orchestrator.exporter import QueueDepthExporter
 from orchestrator.fleet import FleetView
@@ -25,7 +26,7 @@ from orchestrator.relay import Relay
 from worker.access import policy_from
 from worker.queue import SqsQueue
 from worker.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
-from worker.settings import Settings
+from worker.settings import Settings, SettingsError
 from worker.store import Store, create_pool
 from worker.workflow import Registry
 
@@ -73,6 +74,7 @@ class Orchestrator:
         self._relay: Relay | None = None
         self._regional_relays: list[Relay] = []  # one per extra store of PHASEGATE_STORES
         self._exporter: QueueDepthExporter | None = None
+        self._auth: Authenticator | None = None
 
     @property
     def url(self) -> str:
@@ -89,8 +91,25 @@ class Orchestrator:
         if self._exporter is not None:
             self._exporter.stop()
 
+    def authenticator(self) -> Authenticator:
+        """Who may call /v1 (PHASEGATE_API_AUTH); a SettingsError when it cannot be built,
+        so the orchestrator refuses to start rather than serve an open API."""
+        if self._auth is not None:
+            return self._auth
+        settings = self.settings
+        try:
+            self._auth = authenticator_from(
+                mode=settings.api_auth, tokens_file=settings.api_tokens_file,
+                service_accounts=settings.api_service_accounts, host=self.options.host)
+        except ValueError as exc:
+            variable = "PHASEGATE_API_TOKENS_FILE" if settings.api_auth == "tokens" \
+                else "PHASEGATE_API_AUTH"
+            raise SettingsError(variable, str(exc)) from None
+        return self._auth
+
     async def run(self) -> None:
         settings = self.settings
+        auth = self.authenticator()
         pool = await create_pool(settings.database_url or "", min_size=1,
                                  max_size=max(2, settings.db_pool_max),
                                  statement_cache_size=settings.db_statement_cache_size,
@@ -108,7 +127,9 @@ class Orchestrator:
                                 region=settings.aws_region) as queue:
                 control = Control(pool, queue, self.registry, actor="api",
                                   read_policy=policy_from(settings.read_policy), stores=router)
-                app = create_app(Services(control=control, queue=queue, fleet=fleet))
+                app = create_app(Services(control=control, queue=queue, fleet=fleet,
+                                          auth=auth,
+                                          max_body_bytes=settings.api_max_body_bytes))
                 self._server = _Server(uvicorn.Config(
                     app, host=self.options.host, port=self.options.port, log_config=None,
                     access_log=False, lifespan="off"), self._listening)

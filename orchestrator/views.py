@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -196,9 +197,9 @@ class Views:
 
     async def checkpoints(self, workflow_id: str, *, include_state: bool = False,
                           after: int = 0, limit: int = 1000,
-                          role: str | None = None) -> CheckpointPage:
+                          roles: Collection[str] | None = None) -> CheckpointPage:
         """A run's checkpoints; with ``include_state``, each state as the read policy allows
-        for ``role`` -- every read and denial goes to the access log (worker/access.py)."""
+        for ``roles`` -- every read and denial goes to the access log (worker/access.py)."""
         if not 1 <= limit <= MAX_CHECKPOINTS:
             raise Invalid(f"limit must be between 1 and {MAX_CHECKPOINTS}")
         run = await self.get_run(workflow_id)
@@ -212,7 +213,7 @@ class Views:
         if include_state:
             allowed = await access.enforce(
                 self.pool, self.policy, workflow_id=workflow_id, workflow=run.workflow,
-                items=items, role=role, actor=self.actor)
+                items=items, roles=roles, actor=self.actor)
             for item, ok in zip(items, allowed, strict=True):
                 item.access = "read" if ok else "denied"
                 if not ok:

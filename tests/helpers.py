@@ -28,7 +28,24 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = {"visibility_timeout_s": 3, "heartbeat_s": 0.5, "wait_time_s": 1,
         "shutdown_grace_s": 5.0, "retry_backoff_s": 0.0, "relay_after_s": 0.5,
         "relay_interval_s": 0.2, "metrics_port": 0, "metrics_host": "127.0.0.1",
-        "startup_timeout_s": 20.0}
+        "startup_timeout_s": 20.0,
+        # Tests about something else call the API without credentials (loopback only);
+        # tests/integration/test_api_auth.py covers tokens.
+        "api_auth": "none"}
+
+
+def write_tokens(path: Path, tokens: dict[str, str]) -> dict[str, str]:
+    """A tokens file (PHASEGATE_API_TOKENS_FILE) for {name: "role,role"}; {name: token}."""
+    from orchestrator.auth import new_token, token_line
+
+    issued = {name: new_token() for name in tokens}
+    path.write_text("".join(token_line(name, roles.split(","), issued[name]) + "\n"
+                            for name, roles in tokens.items()))
+    return issued
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def make_settings(database_url: str, queue_pair: tuple[str, str], sqs_endpoint: str,

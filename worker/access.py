@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +47,20 @@ class ReadPolicy:
                 return self.rules[key]
         return frozenset()
 
-    def decide(self, role: str | None, workflow: str, phase: str) -> tuple[bool, str]:
-        """(allowed, reason) -- the reason names roles and the phase, never data."""
+    def decide(self, held: Collection[str] | None, workflow: str,
+               phase: str) -> tuple[bool, str]:
+        """(allowed, reason) for a caller holding the roles ``held`` -- the reason names roles
+        and the phase, never data."""
         roles = self.roles_for(workflow, phase)
         if ANY in roles:
             return True, "policy admits any role"
-        if role is None:
+        if not held:
             return False, f"no role given; {workflow}.{phase} is readable by {sorted(roles)}"
-        if role in roles:
-            return True, f"role {role} may read {workflow}.{phase}"
-        return False, f"role {role} may not read {workflow}.{phase} (allowed: {sorted(roles)})"
+        granted = sorted(set(held) & roles)
+        if granted:
+            return True, f"role {granted[0]} may read {workflow}.{phase}"
+        return False, (f"roles {sorted(held)} may not read {workflow}.{phase} "
+                       f"(allowed: {sorted(roles)})")
 
 
 def parse_policy(text: str) -> ReadPolicy:
@@ -95,9 +99,12 @@ def _attr(item: Any, name: str) -> Any:
 
 
 async def enforce(pool: asyncpg.Pool, policy: ReadPolicy | None, *, workflow_id: str,
-                  workflow: str, items: Sequence[Any], role: str | None,
+                  workflow: str, items: Sequence[Any], roles: Collection[str] | None,
                   actor: str | None) -> list[bool]:
     """Decide each checkpoint's state read, log every decision, return what was allowed.
+
+    The log's ``role`` column holds the caller's roles, comma-separated, and ``actor`` the
+    caller's name (the API token's NAME).
 
     The caller withholds the state of every item whose entry is False. Nothing is returned
     before the log rows are committed: a read that cannot be logged is not served."""
@@ -106,13 +113,14 @@ async def enforce(pool: asyncpg.Pool, policy: ReadPolicy | None, *, workflow_id:
     for item in items:
         phase = str(_attr(item, "phase"))
         ok, reason = (True, "no read policy configured") if policy is None \
-            else policy.decide(role, workflow, phase)
+            else policy.decide(roles, workflow, phase)
         allowed.append(ok)
         phases.append(phase)
         seqs.append(int(_attr(item, "seq")))
         branches.append(str(_attr(item, "branch")))
         decisions.append("read" if ok else "denied")
         reasons.append(reason)
+    role = ",".join(sorted(roles)) if roles else None
     if items:
         await pool.execute(queries("governance.sql")["access_log_append"], workflow_id,
                            workflow, role, phases, seqs, branches, decisions, reasons, actor)

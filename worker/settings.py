@@ -118,12 +118,26 @@ class Settings(BaseSettings):
     # -- control plane
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8080, ge=0, le=65535)
+    api_auth: Literal["tokens", "kubernetes", "none"] = Field(
+        default="tokens",
+        description="Who may call /v1: bearer tokens from a file, Kubernetes ServiceAccounts "
+                    "(TokenReview), or `none` (loopback only).")
+    api_tokens_file: str | None = Field(
+        default=None,
+        description="File of `NAME ROLE[,ROLE] SHA256HEX` lines (tokens mode); re-read when "
+                    "it changes.")
+    api_service_accounts: str | None = Field(
+        default=None,
+        description='JSON {"namespace:serviceaccount": [role, ...]} (kubernetes mode).')
+    api_max_body_bytes: int = Field(
+        default=SQS_MAX_MESSAGE_BYTES, ge=1024, le=16 * 1024 * 1024,
+        description="Largest request body the API reads; larger is 413 before parsing.")
 
     # -- TEST ONLY: kill the process at named points (see worker/faults.py). Off by default.
     faults: str = ""
     fault_seed: int = 0
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "api_auth", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
@@ -162,6 +176,15 @@ class Settings(BaseSettings):
 
         if value:
             parse_policy(value)
+        return value or None
+
+    @field_validator("api_service_accounts")
+    @classmethod
+    def _service_accounts(cls, value: str | None) -> str | None:
+        from orchestrator.auth import parse_service_accounts
+
+        if value:
+            parse_service_accounts(value)
         return value or None
 
     @field_validator("retention_by_classification")

@@ -1,4 +1,5 @@
-"""Access policy and the Postgres roles of migration 0005, proven by connecting as each role."""
+"""Access policy and the Postgres roles of migrations 0005 and 0007, proven by connecting as
+each role."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import httpx
 import pytest
 
 from orchestrator.api import Services, create_app
+from orchestrator.auth import TokenFile
 from orchestrator.control import Control
 from orchestrator.fleet import FleetView
 from orchestrator.starter import start_workflow
-from tests.helpers import all_done, make_settings, queue_for, running_worker, wait_for
+from tests.helpers import (
+    all_done,
+    bearer,
+    make_settings,
+    queue_for,
+    running_worker,
+    wait_for,
+    write_tokens,
+)
 from worker import Workflow
 from worker.access import access_log, parse_policy
 from worker.migrate import migrate
@@ -38,7 +48,10 @@ async def score(ctx, state):
 
 
 REGISTRY = Registry([guarded])
-POLICY = parse_policy('{"guarded.score": ["analyst", "ops"], "guarded.*": ["ops"]}')
+GROUP_ROLES = ("phasegate_worker", "phasegate_reader", "phasegate_auditor",
+               "phasegate_orchestrator")
+POLICY_TEXT = '{"guarded.score": ["analyst", "ops"], "guarded.*": ["ops"]}'
+POLICY = parse_policy(POLICY_TEXT)
 
 
 def as_user(dsn: str, user: str) -> str:
@@ -128,30 +141,37 @@ async def test_the_reader_sees_run_metadata_but_never_state(settings, database_u
 
 
 async def test_policy_enforced_on_reads_every_read_and_denial_logged_auditor_reads_the_log(
-        settings, database_url):
+        settings, database_url, tmp_path):
     wid = await finished_run(settings)
+    tokens = write_tokens(tmp_path / "tokens", {"ana": "viewer,analyst", "olga": "viewer,ops",
+                                                "vic": "viewer"})
     pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
         control = Control(pool, None, REGISTRY, actor="api", read_policy=POLICY)
         app = create_app(Services(control=control, queue=None,
-                                  fleet=FleetView(None, reason="none")))
+                                  fleet=FleetView(None, reason="none"),
+                                  auth=TokenFile(tmp_path / "tokens")))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             url = f"/v1/workflows/{wid}/checkpoints?include=state"
-            analyst = (await client.get(url, headers={"X-Phasegate-Role": "analyst"})).json()
-            ops = (await client.get(url, headers={"X-Phasegate-Role": "ops"})).json()
-            anonymous = (await client.get(url)).json()
+            analyst = (await client.get(url, headers=bearer(tokens["ana"]))).json()
+            ops = (await client.get(url, headers=bearer(tokens["olga"]))).json()
+            # The role header is not trusted: a viewer claiming "ops" is still a viewer.
+            claimed = (await client.get(url, headers={**bearer(tokens["vic"]),
+                                                      "X-Phasegate-Role": "ops"})).json()
+            stranger = await client.get(url, headers={"X-Phasegate-Role": "ops"})
+        assert stranger.status_code == 401
         by_phase = {c["phase"]: c for c in analyst["checkpoints"]}
         assert by_phase["intake"]["access"] == "denied" and by_phase["intake"]["state"] is None
         assert by_phase["score"]["access"] == "read" and by_phase["score"]["state"]["score"] == 7
         assert all(c["access"] == "read" and c["state"] for c in ops["checkpoints"])
-        assert all(c["state"] is None for c in anonymous["checkpoints"])
+        assert all(c["state"] is None for c in claimed["checkpoints"])
         log = await access_log(pool, wid)
-        assert [(r["role"], r["phase"], r["decision"]) for r in log] == [
-            ("analyst", "intake", "denied"), ("analyst", "score", "read"),
-            ("ops", "intake", "read"), ("ops", "score", "read"),
-            (None, "intake", "denied"), (None, "score", "denied")]
-        assert all(r["actor"] == "api" for r in log)
+        assert [(r["actor"], r["role"], r["phase"], r["decision"]) for r in log] == [
+            ("ana", "analyst,viewer", "intake", "denied"),
+            ("ana", "analyst,viewer", "score", "read"),
+            ("olga", "ops,viewer", "intake", "read"), ("olga", "ops,viewer", "score", "read"),
+            ("vic", "viewer", "intake", "denied"), ("vic", "viewer", "score", "denied")]
     finally:
         await pool.close()
     async with login_user(database_url, "phasegate_auditor") as auditor_dsn:
@@ -186,15 +206,69 @@ async def test_the_access_log_is_append_only_even_for_its_owner(database_url):
         await connection.close()
 
 
-async def test_migration_0005_is_idempotent_and_roles_are_nologin(database_url):
+async def test_role_migrations_are_idempotent_and_roles_are_nologin(database_url):
     await migrate(database_url)  # nothing to apply; the roles exist already
     connection = await asyncpg.connect(database_url)
     try:
-        governance = next(text for version, _, text in migration_files() if version == 5)
-        await connection.execute(governance)  # applied twice: still fine
+        for role_migration in (5, 7):
+            text = next(text for version, _, text in migration_files()
+                        if version == role_migration)
+            await connection.execute(text)  # applied twice: still fine
+        # Roles are cluster-wide: other databases on this server may hold more roles with
+        # the prefix; phasegate's own are exactly these, all NOLOGIN.
         rows = await connection.fetch(
-            "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 'phasegate\\_%'")
-        assert {r["rolname"]: r["rolcanlogin"] for r in rows} == {
-            "phasegate_worker": False, "phasegate_reader": False, "phasegate_auditor": False}
+            "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY($1::text[])",
+            list(GROUP_ROLES))
+        assert {r["rolname"]: r["rolcanlogin"] for r in rows} == dict.fromkeys(
+            GROUP_ROLES, False)
     finally:
         await connection.close()
+
+
+async def test_the_orchestrator_runs_as_its_role_which_cannot_alter_schema_or_delete(
+        settings, database_url, tmp_path):
+    """API start/approve-path/cancel, state reads (logged), relay and exporter as
+    phasegate_orchestrator (migration 0007); everything outside its grants is refused."""
+    from orchestrator.server import OrchestratorOptions, running_orchestrator
+
+    done = await finished_run(settings)
+    tokens = write_tokens(tmp_path / "tokens", {"ops-bot": "operator,ops"})
+    async with login_user(database_url, "phasegate_orchestrator") as orch_dsn:
+        as_orchestrator = settings.model_copy(update={
+            "database_url": orch_dsn, "api_auth": "tokens",
+            "api_tokens_file": str(tmp_path / "tokens"), "read_policy": POLICY_TEXT})
+        options = OrchestratorOptions(host="127.0.0.1", port=0, exporter_interval_s=0.1)
+        async with running_orchestrator(as_orchestrator, REGISTRY, options) as orch, \
+                httpx.AsyncClient(base_url=orch.url, headers=bearer(tokens["ops-bot"])) as api:
+            started = await api.post("/v1/workflows", json={"workflow": "guarded", "id": "o-1",
+                                                            "input": {"name": "o"}})
+            assert started.status_code == 201, started.text
+            cancelled = await api.post("/v1/workflows/o-1/cancel", json={"reason": "test"})
+            assert cancelled.status_code == 200, cancelled.text
+            page = await api.get(f"/v1/workflows/{done}/checkpoints?include=state")
+            assert page.status_code == 200
+            assert all(c["access"] == "read" for c in page.json()["checkpoints"])
+            assert (await api.get("/v1/summary")).status_code == 200
+            assert (await api.get("/readyz")).status_code == 200
+        connection = await asyncpg.connect(orch_dsn)
+        try:
+            assert await connection.fetchval(
+                "SELECT actor FROM control_actions WHERE workflow_id = 'o-1'") == "ops-bot"
+            assert await denied(connection, "CREATE TABLE sneaky (x int)")
+            assert await denied(connection, "ALTER TABLE workflow_runs ADD COLUMN y int")
+            assert await denied(connection, "DROP TABLE outbox")
+            assert await denied(connection, "DELETE FROM workflow_runs")
+            assert await denied(connection, "DELETE FROM checkpoints")
+            assert await denied(connection, "TRUNCATE outbox")
+            assert await denied(connection, "UPDATE checkpoints SET phase = 'x'")
+            assert await denied(connection, "SELECT * FROM access_log")
+            assert await denied(connection, "SELECT * FROM step_records")
+        finally:
+            await connection.close()
+    admin = await asyncpg.connect(database_url)
+    try:
+        logged = await admin.fetch("SELECT actor, role FROM access_log WHERE workflow_id = $1",
+                                   done)
+        assert {(r["actor"], r["role"]) for r in logged} == {("ops-bot", "operator,ops")}
+    finally:
+        await admin.close()

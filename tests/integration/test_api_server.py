@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,7 +15,16 @@ import pytest
 from orchestrator.embedded import free_port
 from orchestrator.server import OrchestratorOptions, running_orchestrator
 from tests import workflows
-from tests.helpers import ROOT, fetch, fetchval, make_settings, settings_env, wait_for
+from tests.helpers import (
+    ROOT,
+    bearer,
+    fetch,
+    fetchval,
+    make_settings,
+    settings_env,
+    wait_for,
+    write_tokens,
+)
 from worker.envelope import phase_message
 from worker.settings import Settings
 from worker.workflow import Registry
@@ -48,13 +58,16 @@ async def insert_stranded_successor(dsn: str) -> None:
 
 
 async def test_orchestrator_process_serves_relays_exports_and_stops_cleanly(
-        settings: Settings) -> None:
+        settings: Settings, tmp_path: Path) -> None:
     dsn = settings.database_url or ""
     await insert_stranded_successor(dsn)
     port = free_port()
-    process = spawn_orchestrator(settings, port)
+    tokens = write_tokens(tmp_path / "tokens", {"ci": "operator"})
+    process = spawn_orchestrator(settings, port, extra_env={
+        "PHASEGATE_API_AUTH": "tokens", "PHASEGATE_API_TOKENS_FILE": str(tmp_path / "tokens")})
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5,
+                                     headers=bearer(tokens["ci"])) as client:
 
             async def ready() -> bool:
                 if process.poll() is not None:
