@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from fastapi import Body, Depends, FastAPI, Query, Request, Response
 from fastapi import Path as Path_
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field, model_validator
@@ -162,6 +163,15 @@ def create_app(services: Services) -> FastAPI:
 
     for error in UNAVAILABLE:
         app.add_exception_handler(error, unavailable)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Where and why, never the value: an echoed input could be large, could hold text
+        # JSON cannot encode (a lone surrogate), and is the caller's data, not ours to log.
+        errors = [{"loc": [str(part) for part in e.get("loc", ())],
+                   "msg": str(e.get("msg", "invalid")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.exception_handler(asyncpg.PostgresError)
     async def postgres_error(request: Request, exc: asyncpg.PostgresError) -> JSONResponse:
