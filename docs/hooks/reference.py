@@ -180,7 +180,8 @@ def openapi_document() -> dict[str, Any]:
     from orchestrator.api import create_app
 
     # The document depends only on the routes; the services are used when a request is served.
-    services = types.SimpleNamespace(control=None, queue=None, fleet=None)
+    services = types.SimpleNamespace(control=None, queue=None, fleet=None, auth=None,
+                                     max_body_bytes=0)
     return create_app(services).openapi()  # type: ignore[arg-type]
 
 

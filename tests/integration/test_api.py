@@ -9,16 +9,27 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from orchestrator.api import Services, create_app
+from orchestrator.auth import TokenFile
 from orchestrator.control import Control
 from orchestrator.fleet import FleetView
 from tests import workflows
-from tests.helpers import fetch, fetchval, make_settings, queue_for, running_worker, wait_for
+from tests.helpers import (
+    bearer,
+    fetch,
+    fetchval,
+    make_settings,
+    queue_for,
+    running_worker,
+    wait_for,
+    write_tokens,
+)
 from worker import Context, NonRetryableError, Workflow
 from worker.envelope import dedup_id
 from worker.queue import SqsQueue
@@ -79,15 +90,19 @@ def settings(database_url: str, queue_pair: tuple[str, str], sqs_endpoint: str) 
 
 
 @pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
+async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[Api]:
+    # One admin token named "test": the action log's actor.
+    tokens = write_tokens(tmp_path / "tokens", {"test": "admin"})
     pool = await create_pool(settings.database_url or "", min_size=1, max_size=4)
     try:
         async with queue_for(settings) as queue:
             control = Control(pool, queue, REGISTRY, actor="test")
             fleet = FleetView(None, reason="not running in a Kubernetes cluster")
-            app = create_app(Services(control=control, queue=queue, fleet=fleet))
+            app = create_app(Services(control=control, queue=queue, fleet=fleet,
+                                      auth=TokenFile(tmp_path / "tokens")))
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://api",
+                                         headers=bearer(tokens["test"])) as client:
                 yield Api(client, settings, queue, control)
     finally:
         await pool.close()
