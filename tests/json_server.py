@@ -11,11 +11,30 @@ from typing import Any
 
 # (path with query, headers) -> (status, JSON body)
 Responder = Callable[[str, Any], tuple[int, dict[str, Any]]]
+# (path with query, headers, JSON request body) -> (status, JSON body)
+PostResponder = Callable[[str, Any, Any], tuple[int, dict[str, Any]]]
 
 
 class JsonServer:
-    def __init__(self, respond: Responder) -> None:
+    def __init__(self, respond: Responder, post: PostResponder | None = None) -> None:
         class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(length) or b"null")
+                if post is None:
+                    code, body = 405, {"kind": "Status", "code": 405}
+                else:
+                    code, body = post(self.path, self.headers, request)
+                self._answer(code, body)
+
+            def _answer(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_GET(self) -> None:
                 code, body = respond(self.path, self.headers)
                 data = json.dumps(body).encode()
