@@ -182,9 +182,14 @@ def test_database_url_only_from_a_secret(scenario, rendered):
 def test_existing_secret_means_no_chart_secret(rendered):
     r = rendered["external-secret"]
     assert r.of_kind("Secret") == []
-    for _, pod in r.pod_specs():
+    keys = {}
+    for name, pod in r.pod_specs():
         ref = pod["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]
-        assert ref == {"name": "phasegate-db-from-vault", "key": "connection-string"}
+        assert ref["name"] == "phasegate-db-from-vault"
+        keys[name.rsplit("-", 1)[-1]] = ref["key"]
+    # Each process reads only its own DSN (database.secretKeys).
+    assert keys == {"worker": "worker-dsn", "orchestrator": "orchestrator-dsn",
+                    "migrate": "owner-dsn"}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -212,7 +217,7 @@ def test_too_short_grace_fails_with_a_clear_message(minimal_values, helm_home):
     ("override", "message"),
     [
         ({"database": {"url": "", "existingSecret": ""}},
-         "set database.url or database.existingSecret"),
+         "set database.urls (one DSN per process), database.url or database.existingSecret"),
         ({"database": {"existingSecret": "x"}}, "set only one of database.url"),
         ({"config": {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/std"}}, "FIFO queue"),
         ({"worker": {"heartbeatSeconds": 30}},
@@ -302,7 +307,7 @@ def test_fargate_requests_land_on_a_fargate_size(rendered):
 def test_optional_objects_follow_their_switches(rendered):
     default, minimal = rendered["default"], rendered["minimal"]
     assert default.of_kind("ServiceMonitor") and not minimal.of_kind("ServiceMonitor")
-    assert default.of_kind("NetworkPolicy") and not minimal.of_kind("NetworkPolicy")
+    assert default.of_kind("NetworkPolicy") and minimal.of_kind("NetworkPolicy")  # on by default
     dashboards = [c for c in default.of_kind("ConfigMap")
                   if c["metadata"]["name"].endswith("-dashboard")]
     assert dashboards and dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"

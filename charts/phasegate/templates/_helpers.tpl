@@ -114,13 +114,41 @@ seccompProfile:
 {{- end }}
 {{- end }}
 
-{{/* Environment every phasegate container gets: the DSN from a Secret, never inline. */}}
+{{/* Whether the chart was given one DSN per process (database.urls). */}}
+{{- define "phasegate.perProcessUrls" -}}
+{{- $u := .Values.database.urls }}
+{{- if or $u.migrate $u.worker $u.orchestrator }}true{{ end }}
+{{- end }}
+
+{{/* The Secret key holding a process's DSN: (dict "ctx" $ "component" "worker"). */}}
+{{- define "phasegate.databaseSecretKey" -}}
+{{- $db := .ctx.Values.database }}
+{{- if $db.existingSecret }}
+{{- (get $db.secretKeys .component) | default $db.secretKey }}
+{{- else if (include "phasegate.perProcessUrls" .ctx) }}
+{{- .component }}
+{{- else }}
+{{- $db.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/* A process's DSN from a Secret, never inline: (dict "ctx" $ "component" "worker"). Each
+process gets only its own key, so a worker pod never holds the orchestrator's credentials. */}}
 {{- define "phasegate.databaseEnv" -}}
 - name: PHASEGATE_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "phasegate.databaseSecretName" . }}
-      key: {{ .Values.database.secretKey }}
+      name: {{ include "phasegate.databaseSecretName" .ctx }}
+      key: {{ include "phasegate.databaseSecretKey" . }}
+{{- end }}
+
+{{/* The Secret holding the API tokens file. */}}
+{{- define "phasegate.apiTokensSecretName" -}}
+{{- if .Values.api.tokens.existingSecret }}
+{{- .Values.api.tokens.existingSecret }}
+{{- else }}
+{{- printf "%s-api-tokens" (include "phasegate.fullname" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -135,11 +163,33 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- if ge (float64 $w.heartbeatSeconds) (float64 $w.visibilityTimeoutSeconds) }}
 {{- fail (printf "worker.heartbeatSeconds (%v) must be shorter than worker.visibilityTimeoutSeconds (%v)" $w.heartbeatSeconds $w.visibilityTimeoutSeconds) }}
 {{- end }}
-{{- if and .Values.database.url .Values.database.existingSecret }}
-{{- fail "set only one of database.url and database.existingSecret" }}
+{{- $db := .Values.database }}
+{{- $sources := 0 }}
+{{- if $db.url }}{{ $sources = add1 $sources }}{{ end }}
+{{- if (include "phasegate.perProcessUrls" .) }}{{ $sources = add1 $sources }}{{ end }}
+{{- if $db.existingSecret }}{{ $sources = add1 $sources }}{{ end }}
+{{- if gt $sources 1 }}
+{{- fail "set only one of database.url, database.urls and database.existingSecret" }}
 {{- end }}
-{{- if not (or .Values.database.url .Values.database.existingSecret) }}
-{{- fail "set database.url or database.existingSecret (the PostgreSQL DSN)" }}
+{{- if eq $sources 0 }}
+{{- fail "set database.urls (one DSN per process), database.url or database.existingSecret (the PostgreSQL DSN)" }}
+{{- end }}
+{{- if and (include "phasegate.perProcessUrls" .) (not (and $db.urls.migrate $db.urls.worker $db.urls.orchestrator)) }}
+{{- fail "database.urls needs all three of migrate, worker and orchestrator" }}
+{{- end }}
+{{- if and (eq .Values.api.auth "tokens") (not (or .Values.api.tokens.lines .Values.api.tokens.existingSecret)) }}
+{{- fail "api.auth=tokens needs api.tokens.lines (from `phasegate token new NAME --role operator`) or api.tokens.existingSecret" }}
+{{- end }}
+{{- if and .Values.api.tokens.lines .Values.api.tokens.existingSecret }}
+{{- fail "set only one of api.tokens.lines and api.tokens.existingSecret" }}
+{{- end }}
+{{- if and (eq .Values.api.auth "kubernetes") (not .Values.api.serviceAccounts) }}
+{{- fail "api.auth=kubernetes needs api.serviceAccounts (\"namespace:serviceaccount\" -> roles)" }}
+{{- end }}
+{{- range $key, $_ := .Values.networkPolicy.apiClientLabel }}
+{{- if hasKey $.Values.worker.podLabels $key }}
+{{- fail (printf "worker.podLabels must not carry %s: it admits pods to the API, and worker pods run workflow code" $key) }}
+{{- end }}
 {{- end }}
 {{- if not .Values.config.queueUrl }}
 {{- fail "config.queueUrl is required: the URL of the SQS FIFO queue" }}
