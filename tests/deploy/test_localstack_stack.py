@@ -64,7 +64,14 @@ def test_compose_stack_runs_every_part_from_one_image():
     for name in ("worker", "orchestrator"):
         assert services[name]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully")
-    assert services["orchestrator"]["environment"]["PHASEGATE_API_HOST"] == "0.0.0.0"
+    orchestrator = services["orchestrator"]
+    assert orchestrator["environment"]["PHASEGATE_API_HOST"] == "0.0.0.0"
+    # ... but published on the host's loopback only, and behind tokens from a read-only file.
+    assert orchestrator["ports"] == ["127.0.0.1:8080:8080"]
+    assert orchestrator["environment"]["PHASEGATE_API_AUTH"] == "tokens"
+    assert orchestrator["volumes"] == [
+        f"./api-tokens:{orchestrator['environment']['PHASEGATE_API_TOKENS_FILE']}:ro"]
+    assert all(p.startswith("127.0.0.1:") for s in services.values() for p in s.get("ports", []))
     # Same stop contract as the chart: the drain fits inside the stop grace.
     grace = int(services["worker"]["stop_grace_period"].removesuffix("s"))
     values = chart.load_values(chart.CHART_DIR / "values.yaml")
