@@ -131,9 +131,10 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 # The database is down or the connection broke: 503, so a client retries, never a 500.
 UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError,
                asyncio.TimeoutError)
-# SQLSTATE classes that mean "not now" rather than "wrong": connection exceptions, too many
-# connections / out of resources, and an administrator's shutdown or a starting server.
-UNAVAILABLE_SQLSTATE = ("08", "53", "57")
+# SQLSTATE classes that mean "not now" rather than "wrong": connection exceptions, refused
+# credentials (a rotated password, a disabled login), too many connections / out of
+# resources, and an administrator's shutdown or a starting server.
+UNAVAILABLE_SQLSTATE = ("08", "28", "53", "57")
 
 WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
 

@@ -281,3 +281,33 @@ async def test_database_down_is_503_not_500(tmp_path: Path) -> None:
                 assert "retry" in response.json()["detail"]
     finally:
         await pool.close()
+
+
+async def test_the_database_refusing_the_orchestrator_is_503_and_health_stays_200(
+        settings: Settings, database_url: str, tmp_path: Path) -> None:
+    """The real process loses its database login (a disabled user, as after a credentials
+    rotation gone wrong): the API answers 503, never 500, and recovers when it is back."""
+    from tests.integration.test_access import login_user
+
+    tokens = write_tokens(tmp_path / "tokens", {"val": "viewer"})
+    async with login_user(database_url, "phasegate_orchestrator") as dsn:
+        user = dsn.split("//", 1)[1].split("@", 1)[0]
+        as_user = settings.model_copy(update={"database_url": dsn})
+        async with orchestrator_process(as_user, tmp_path / "tokens") as (url, _), \
+                httpx.AsyncClient(base_url=url, timeout=10,
+                                  headers=bearer(tokens["val"])) as api:
+            assert (await api.get("/v1/summary")).status_code == 200
+            admin = await asyncpg.connect(database_url)
+            try:
+                await admin.execute(f'ALTER ROLE "{user}" NOLOGIN')
+                await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE usename = $1", user)
+                for path in ("/v1/summary", "/v1/workflows", "/v1/workflows/x"):
+                    response = await api.get(path)
+                    assert response.status_code == 503, (path, response.text)
+                assert (await api.get("/healthz")).status_code == 200
+                assert (await api.get("/readyz")).status_code == 503
+                await admin.execute(f'ALTER ROLE "{user}" LOGIN')
+                assert (await api.get("/v1/summary")).status_code == 200
+            finally:
+                await admin.close()

@@ -132,3 +132,29 @@ def test_token_new_prints_a_token_and_its_line() -> None:
         refused = CliRunner().invoke(main, ["token", "new", *args])
         assert refused.exit_code == 2
 
+
+
+def test_every_v1_route_has_a_role_decided() -> None:
+    """A new /v1 route must be added to ROUTE_ROLES (else it needs admin by default)."""
+    import types
+
+    from fastapi.routing import APIRoute
+
+    from orchestrator.api import create_app
+    from orchestrator.gate import OPEN_PATHS, ROUTE_ROLES
+
+    app = create_app(types.SimpleNamespace(control=None, queue=None, fleet=None,
+                                           auth=NoAuth(), max_body_bytes=1024))
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    v1 = {r.name for r in routes if r.path.startswith("/v1")}
+    assert v1 == set(ROUTE_ROLES)
+    assert {r.path for r in routes if not r.path.startswith("/v1")} <= OPEN_PATHS
+    spec = app.openapi()
+    for path, methods in spec["paths"].items():
+        for operation in methods.values():
+            if path.startswith("/v1"):
+                assert operation["security"] == [{"bearer": []}]
+                assert {"401", "403"} <= set(operation["responses"])
+                assert "role" in operation["description"]
+            else:
+                assert "security" not in operation
