@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import asyncpg
-from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as Path_
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -140,8 +140,12 @@ WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
 
 
 def caller_of(request: Request) -> Caller:
+    """The caller the gate admitted. None means the route was reached without the gate:
+    refuse (fail closed) rather than act for nobody."""
     caller: Caller | None = request.scope.get("state", {}).get("caller")
-    return caller if caller is not None else NoAuth.caller
+    if caller is None:
+        raise HTTPException(401, "not authenticated", headers={"WWW-Authenticate": "Bearer"})
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(caller_of)]
