@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 
-from orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
-from orchestrator.control import Control, Outcome
-from orchestrator.fleet import Fleet, FleetView
-from orchestrator.views import (
+from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
+from phasegate.orchestrator.control import Control, Outcome
+from phasegate.orchestrator.fleet import Fleet, FleetView
+from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
     Invalid,
@@ -28,8 +28,8 @@ from orchestrator.views import (
     StallReport,
     SummaryRow,
 )
-from worker.access import ROLE_PATTERN
-from worker.queue import Queue
+from phasegate.access import ROLE_PATTERN
+from phasegate.queue import Queue
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0

@@ -16,11 +16,11 @@ from typing import Any
 import asyncpg
 import structlog
 
-from orchestrator.views import Conflict, NotFound
-from worker.branches import sql, tree_rows_to_json
-from worker.envelope import MAIN_BRANCH, dedup_id, phase_message
-from worker.queue import Outgoing, Queue
-from worker.store import Store
+from phasegate.orchestrator.views import Conflict, NotFound
+from phasegate.branches import sql, tree_rows_to_json
+from phasegate.envelope import MAIN_BRANCH, dedup_id, phase_message
+from phasegate.queue import Outgoing, Queue
+from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.branching")
 

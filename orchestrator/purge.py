@@ -16,7 +16,7 @@ from datetime import timedelta
 import asyncpg
 import structlog
 
-from orchestrator.sql import queries
+from phasegate.orchestrator.sql import queries
 
 log = structlog.get_logger("phasegate.purge")
 
@@ -46,7 +46,7 @@ class PurgeReport:
 def parse_retention(text: str) -> dict[str, timedelta]:
     """``PHASEGATE_RETENTION_BY_CLASSIFICATION`` (``{"public": "7d", "regulated": "30d"}``)
     -> {classification: age}. Raises ValueError."""
-    from worker.residency import CLASSIFICATIONS
+    from phasegate.residency import CLASSIFICATIONS
 
     try:
         raw = json.loads(text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.workflows import record, wait_gate
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 # -- fan-out / fan-in: split -> (work -> refine) x N -> combine -> publish -------------------
 

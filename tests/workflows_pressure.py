@@ -21,7 +21,7 @@ import os
 from typing import Any, BinaryIO
 
 from tests.workflows import record, wait_gate
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 CHUNK = 1 << 20
 

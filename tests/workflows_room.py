@@ -12,8 +12,8 @@ import os
 from typing import Any
 
 from tests.workflows import record
-from worker import Context, NonRetryableError, Workflow
-from worker.examples.fake_api import ApiClient
+from phasegate import Context, NonRetryableError, Workflow
+from phasegate.worker.examples.fake_api import ApiClient
 
 API_URL: str | None = None
 

@@ -1,6 +1,6 @@
 """The audit trail of checkpoint writes: one structlog event and one counter per write.
 
-Emitted by the store layer (``worker/residency.py``) after a checkpoint commits, so no caller
+Emitted by the store layer (``phasegate/residency.py``) after a checkpoint commits, so no caller
 can forget it. The event names the run (workflow id, seq, region, classification); the counter
 is labelled by region, classification and kind only -- never by workflow id.
 """

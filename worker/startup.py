@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from worker.sql import migration_files
-from worker.store import Store
+from phasegate.sql import migration_files
+from phasegate.store import Store
 
 __all__ = ["PERMANENT_DB_ERRORS", "PermanentStartupError", "StartupError", "check_schema",
            "one_line"]

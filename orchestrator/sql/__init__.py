@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from worker.sql import parse_queries
+from phasegate.sql import parse_queries
 
 
 @cache

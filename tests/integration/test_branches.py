@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from orchestrator.relay import Relay
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.starter import start_workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -24,7 +24,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.workflows_branches import fanout
-from worker.workflow import Registry
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([fanout])
 

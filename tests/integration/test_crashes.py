@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -19,7 +19,7 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.workflow import Registry
+from phasegate.workflow import Registry
 
 pytestmark = pytest.mark.slow
 

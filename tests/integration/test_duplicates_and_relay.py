@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.relay import Relay
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.starter import start_workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -17,8 +17,8 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.envelope import phase_message, start_message
-from worker.workflow import Registry
+from phasegate.envelope import phase_message, start_message
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -18,8 +18,8 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.envelope import canonical_json
-from worker.workflow import Registry
+from phasegate.envelope import canonical_json
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
 

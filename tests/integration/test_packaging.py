@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 from tests.helpers import ROOT
-from worker.sql import migration_files
+from phasegate.sql import migration_files
 
 
 def test_wheel_contains_packages_sql_and_console_script(tmp_path: Path) -> None:
@@ -18,11 +18,11 @@ def test_wheel_contains_packages_sql_and_console_script(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     wheel = next(tmp_path.glob("phasegate-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"worker/sql/queries.sql", "orchestrator/sql/queries.sql"} <= names
+    assert {"phasegate/sql/queries.sql", "orchestrator/sql/queries.sql"} <= names
     for version, name, _ in migration_files():
-        assert f"worker/sql/migrations/{version:04d}_{name}.sql" in names
-    assert {"worker/__init__.py", "orchestrator/cli.py", "worker/py.typed"} <= names
+        assert f"phasegate/sql/migrations/{version:04d}_{name}.sql" in names
+    assert {"worker/__init__.py", "phasegate/cli.py", "worker/py.typed"} <= names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "phasegate = orchestrator.cli:main" in text
+    assert "phasegate = phasegate.cli:main" in text
     assert not any(n.startswith("tests/") for n in names)

@@ -20,7 +20,7 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.workflow import Registry
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows_room.watcher])
 

@@ -18,8 +18,8 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.steps import delivery_key, idempotency_key
-from worker.workflow import Registry
+from phasegate.steps import delivery_key, idempotency_key
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows_room.writer, workflows_room.deliverer, workflows_room.bad_step])
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tests.helpers import all_done, fetch, running_worker, wait_for
 from tests.room_helpers import api_fixture, checkpoints, settings_fixture, start  # noqa: F401
-from worker.examples import agent
-from worker.steps import delivery_key, idempotency_key
-from worker.workflow import Registry
+from phasegate.worker.examples import agent
+from phasegate.steps import delivery_key, idempotency_key
+from phasegate.workflow import Registry
 
 
 async def test_the_support_agent_example(settings, api, monkeypatch):

@@ -15,8 +15,8 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.steps import idempotency_key
-from worker.workflow import Registry
+from phasegate.steps import idempotency_key
+from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows_room.tier_retry, workflows_room.tier_escalate,
                      workflows_room.tier_advance, workflows_room.tier_last])

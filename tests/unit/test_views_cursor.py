@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.control import CANCELLABLE, RULES, refuse
-from orchestrator.sql import queries
-from orchestrator.views import STATUSES, Invalid, Run, decode_cursor, encode_cursor
+from phasegate.orchestrator.control import CANCELLABLE, RULES, refuse
+from phasegate.orchestrator.sql import queries
+from phasegate.orchestrator.views import STATUSES, Invalid, Run, decode_cursor, encode_cursor
 
 
 def test_cursor_round_trips_with_microseconds() -> None:

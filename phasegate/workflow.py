@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from worker.tiers import Grader, Tier, TierDefinitionError, TierPolicy, build_policy, build_tiers
+from phasegate.tiers import Grader, Tier, TierDefinitionError, TierPolicy, build_policy, build_tiers
 
 if TYPE_CHECKING:
-    from worker.context import Context
-    from worker.staleness import VersionFetcher
-    from worker.versions import Upcaster
+    from phasegate.context import Context
+    from phasegate.staleness import VersionFetcher
+    from phasegate.versions import Upcaster
 
 PhaseFn = Callable[["Context", Any], Awaitable[Any]]
 
@@ -66,7 +66,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from None
         self.upcasters: dict[int, Upcaster] = {}
         self.version_fetchers: dict[str, VersionFetcher] = {}
-        # Phases declared with ``merge()``: where ``ctx.fork`` may merge (worker/branches.py).
+        # Phases declared with ``merge()``: where ``ctx.fork`` may merge (phasegate/branches.py).
         self.merge_phases: set[str] = set()
 
     def phase(self, name: str, *, expect_tier: str | int | None = None,
@@ -105,7 +105,7 @@ class Workflow:
         """Register the next phase as a merge phase: the one a ``ctx.fork(...,
         merge=name)`` fans in to. It runs once on the main chain after the fork is resolved,
         with the forking phase's state and the branches' final states in ``ctx.merged``
-        (see worker/branches.py). Takes the same options as ``phase()``."""
+        (see phasegate/branches.py). Takes the same options as ``phase()``."""
         register = self.phase(name, **kwargs)
         self.merge_phases.add(name)
         return register

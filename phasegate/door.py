@@ -21,15 +21,15 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker import staleness
-from worker.sql import queries
-from worker.versions import Corrupt, NeedsRestart, load_verified
+from phasegate import staleness
+from phasegate.sql import queries
+from phasegate.versions import Corrupt, NeedsRestart, load_verified
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from worker.store import RunPosition, Store
-    from worker.workflow import Workflow
+    from phasegate.store import RunPosition, Store
+    from phasegate.workflow import Workflow
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Halt:
 
 async def enter(store: Store, workflow: Workflow, position: RunPosition, branch: str,
                 stale_after_s: float) -> Door | Halt:
-    # Branches (worker/branches.py) run without reviews, re-runs or staleness checks.
+    # Branches (phasegate/branches.py) run without reviews, re-runs or staleness checks.
     if not workflow.uses_room or position.next_seq == position.base_seq or branch != "main":
         return Door()
     seq = position.next_seq

@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from worker.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
-from worker.sql import queries
+from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
+from phasegate.sql import queries
 
 
 class StoreError(Exception):
@@ -40,7 +40,7 @@ class RunPosition:
     state_hash: str | None
     state_version: int | None
     progress_json: str | None
-    # Data residency (worker/residency.py): fixed at start.
+    # Data residency (phasegate/residency.py): fixed at start.
     classification: str = "internal"
     region: str | None = None
 
@@ -73,7 +73,7 @@ class PhaseCommit:
     tier_label: str | None = None
     resource_versions_json: str | None = None
     trace_id: str | None = None
-    # Set only when the phase did not simply advance (see worker/tiers.py).
+    # Set only when the phase did not simply advance (see phasegate/tiers.py).
     outcome: str | None = None
     rerun_of: int | None = None
     error: str | None = None

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from worker.envelope import canonical_json, state_hash
-from worker.sql import queries
+from phasegate.envelope import canonical_json, state_hash
+from phasegate.sql import queries
 
 if TYPE_CHECKING:
-    from worker.workflow import Registry, Workflow
+    from phasegate.workflow import Registry, Workflow
 
 Upcaster = Callable[[Any], "Awaitable[Any] | Any"]
 

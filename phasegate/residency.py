@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from worker import audit
-from worker.envelope import MAIN_BRANCH, Envelope
-from worker.sql import migration_files, queries
-from worker.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError, create_pool
+from phasegate.worker import audit
+from phasegate.envelope import MAIN_BRANCH, Envelope
+from phasegate.sql import migration_files, queries
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError, create_pool
 
 if TYPE_CHECKING:
-    from worker.settings import Settings
+    from phasegate.settings import Settings
 
 CLASSIFICATIONS = ("public", "internal", "sensitive", "regulated")
 REGIONAL = frozenset({"sensitive", "regulated"})

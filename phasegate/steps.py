@@ -33,10 +33,10 @@ from typing import Any, Literal, Protocol
 import asyncpg
 import structlog
 
-from worker.envelope import canonical_json
-from worker.faults import Faults
-from worker.sql import queries
-from worker.workflow import NonRetryableError
+from phasegate.envelope import canonical_json
+from phasegate.faults import Faults
+from phasegate.sql import queries
+from phasegate.workflow import NonRetryableError
 
 log = structlog.get_logger("phasegate.steps")
 

@@ -173,7 +173,7 @@ RETURNING checkpoint_id;
 
 -- =========================================================================================
 -- Inside the room: steps, delivery receipts, tiers, reviews, re-runs, versions.
--- (worker/steps.py, worker/door.py, worker/tiers.py, worker/versions.py; schema 0002_steps)
+-- (phasegate/steps.py, phasegate/door.py, phasegate/tiers.py, phasegate/versions.py; schema 0002_steps)
 -- =========================================================================================
 
 -- name: step_claim

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from worker.redact import redact_exc_info
+from phasegate.redact import redact_exc_info
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -20,7 +20,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             # Before any renderer: exceptions as type + fingerprint + frames, never their
-            # message or locals (which may hold workflow state; worker/redact.py).
+            # message or locals (which may hold workflow state; phasegate/redact.py).
             redact_exc_info,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks if not use_console

@@ -1,6 +1,6 @@
 """Sample workflows shipped with phasegate, used by ``phasegate demo`` and the docs.
 
-Load them in a worker with ``PHASEGATE_WORKFLOW_MODULES=worker.samples``.
+Load them in a worker with ``PHASEGATE_WORKFLOW_MODULES=phasegate.samples``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 import hashlib
 from typing import Any
 
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 pipeline = Workflow("document-pipeline", schema_version=1)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
-    from worker.workflow import Phase, Workflow
+    from phasegate.workflow import Phase, Workflow
 
 Grader = Callable[[Any], "Awaitable[bool] | bool"]
 BelowTier = Literal["retry", "escalate", "advance"]

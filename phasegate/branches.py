@@ -44,22 +44,23 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import structlog
 
-from worker import audit, residency
-from worker.door import Halt
-from worker.envelope import (
+from phasegate.worker import audit
+from phasegate import residency
+from phasegate.door import Halt
+from phasegate.envelope import (
     BRANCH_PATTERN,
     MAIN_BRANCH,
     Envelope,
     canonical_json,
 )
-from worker.sql import queries
-from worker.store import OutboxRow, PhaseCommit, RunPosition
-from worker.versions import Corrupt, NeedsRestart, load_verified
-from worker.workflow import NonRetryableError
+from phasegate.sql import queries
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition
+from phasegate.versions import Corrupt, NeedsRestart, load_verified
+from phasegate.workflow import NonRetryableError
 
 if TYPE_CHECKING:
-    from worker.store import Store
-    from worker.workflow import Workflow
+    from phasegate.store import Store
+    from phasegate.workflow import Workflow
 
 log = structlog.get_logger("phasegate.branches")
 
@@ -255,7 +256,7 @@ class Guarded:
 
 async def guard(store: Store, workflow_id: str) -> Guarded:
     """Refuse (``ResidencyError``) a write for a run another regional store holds, exactly
-    as the store's own write methods do (worker/residency.py)."""
+    as the store's own write methods do (phasegate/residency.py)."""
     regional = (store.for_run(workflow_id) if isinstance(store, residency.StoreRouter)
                 else store)
     if not isinstance(regional, residency.RegionalStore):

@@ -1,5 +1,5 @@
 """Control-plane commands: ``orchestrator``, ``status``, ``inspect``, ``cancel|retry|restart|
-approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``orchestrator/cli.py``.
+approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``phasegate/cli.py``.
 
 Each control command talks to the orchestrator's API with ``--api URL`` (or
 ``PHASEGATE_API_URL``) and to the database directly otherwise.
@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from orchestrator import render
-from orchestrator.backends import ApiBackend, Backend, BackendError, DatabaseBackend
+from phasegate.orchestrator import render
+from phasegate.orchestrator.backends import ApiBackend, Backend, BackendError, DatabaseBackend
 
 API_OPTION = click.option(
     "--api", "api_url", envvar="PHASEGATE_API_URL",
@@ -24,7 +24,7 @@ API_OPTION = click.option(
 
 def _backend(api_url: str | None, *, needs_registry: bool = False,
              role: str | None = None) -> Backend:
-    from orchestrator.cli import load_registry, require, settings_from
+    from phasegate.cli import load_registry, require, settings_from
 
     settings = settings_from()
     if api_url:
@@ -54,8 +54,8 @@ def _fail(error: BackendError) -> None:
 def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_interval: float,
                  fleet_deployment: str, fleet_namespace: str | None) -> None:
     """Serve the HTTP API, run the outbox relay and the queue-depth exporter until SIGTERM."""
-    from orchestrator.cli import fail, load_registry, require, run_until_signal, settings_from
-    from orchestrator.server import Orchestrator, OrchestratorOptions
+    from phasegate.cli import fail, load_registry, require, run_until_signal, settings_from
+    from phasegate.orchestrator.server import Orchestrator, OrchestratorOptions
 
     settings = require(settings_from(api_host=host, api_port=port), "database_url", "queue_url")
     registry = load_registry(settings, required=False)
@@ -117,7 +117,7 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
     """A run and its history: checkpoints and operator actions."""
     import json
 
-    from worker.access import ROLE_PATTERN
+    from phasegate.access import ROLE_PATTERN
 
     if role is not None and not ROLE_PATTERN.match(role):
         click.echo("phasegate: --role must be 1-64 chars of [A-Za-z0-9_.:-]", err=True)
@@ -133,7 +133,7 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
     finally:
         backend.close()
     if forks is not None:
-        from orchestrator.render_tree import tree as draw_tree
+        from phasegate.orchestrator.render_tree import tree as draw_tree
 
         click.echo(json.dumps({"run": run, "forks": forks}, indent=2) if as_json
                    else draw_tree(run, history["checkpoints"], forks))
@@ -187,11 +187,11 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
     store (PHASEGATE_STORES), per classification when retention is set per classification."""
     from datetime import timedelta
 
-    from orchestrator.cli import fail, require, settings_from
-    from orchestrator.purge import PurgeReport, parse_age, parse_retention
-    from orchestrator.purge import purge as run_purge
-    from worker.residency import DEFAULT_REGION
-    from worker.store import create_pool
+    from phasegate.cli import fail, require, settings_from
+    from phasegate.orchestrator.purge import PurgeReport, parse_age, parse_retention
+    from phasegate.orchestrator.purge import purge as run_purge
+    from phasegate.residency import DEFAULT_REGION
+    from phasegate.store import create_pool
 
     settings = require(settings_from(), "database_url")
     ages: dict[str | None, timedelta]

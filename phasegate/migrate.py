@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from worker.sql import migration_files
+from phasegate.sql import migration_files
 
 # An arbitrary constant: "phasegate" folded into a bigint. Changing it would let an old and a
 # new release migrate at once.

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from worker.limits import SQS_MAX_GROUP_ID_CHARS
+from phasegate.limits import SQS_MAX_GROUP_ID_CHARS
 
 ENVELOPE_VERSION = 1
 MAIN_BRANCH = "main"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from worker.envelope import Envelope
+from phasegate.envelope import Envelope
 
 try:  # the optional dependency
     from opentelemetry import trace

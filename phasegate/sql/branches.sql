@@ -1,4 +1,4 @@
--- Branches: fork, branch phases, fan-in, race, supervisor merge (worker/branches.py,
+-- Branches: fork, branch phases, fan-in, race, supervisor merge (phasegate/branches.py,
 -- orchestrator/branching.py; schema 0004_branches). Named queries, loaded like queries.sql.
 --
 -- Locking order, everywhere: the fork row first, then branch rows, then the run row. A

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
-    from worker.workflow import Workflow
+    from phasegate.workflow import Workflow
 
 log = structlog.get_logger("phasegate.staleness")
 

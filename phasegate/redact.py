@@ -23,7 +23,7 @@ import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
-from worker.workflow import NonRetryableError
+from phasegate.workflow import NonRetryableError
 
 ERROR_TEXT_LIMIT = 500
 MAX_FRAMES = 30

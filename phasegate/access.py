@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from worker.sql import queries
+from phasegate.sql import queries
 
 ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 ANY = "*"

@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 
 import click
 
-from worker.logs import configure_logging
-from worker.settings import Settings, SettingsError, exit_on_settings_error, load_settings
-from worker.workflow import Registry, WorkflowDefinitionError
+from phasegate.logs import configure_logging
+from phasegate.settings import Settings, SettingsError, exit_on_settings_error, load_settings
+from phasegate.workflow import Registry, WorkflowDefinitionError
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -91,8 +91,8 @@ def main() -> None:
 @click.option("--modules", "workflow_modules", help="PHASEGATE_WORKFLOW_MODULES.")
 def worker(concurrency: int | None, workflow_modules: str | None) -> None:
     """Receive phase messages and run them until SIGTERM."""
-    from worker.runtime import Worker
-    from worker.startup import PermanentStartupError, StartupError
+    from phasegate.worker.runtime import Worker
+    from phasegate.worker.startup import PermanentStartupError, StartupError
 
     settings = require(settings_from(concurrency=concurrency, workflow_modules=workflow_modules),
                        "database_url", "queue_url", "dlq_url")
@@ -112,9 +112,9 @@ def worker(concurrency: int | None, workflow_modules: str | None) -> None:
 @main.command()
 def relay() -> None:
     """Send outbox rows that workers committed but did not send, until SIGTERM."""
-    from orchestrator.relay import Relay
-    from worker.queue import SqsQueue
-    from worker.store import Store
+    from phasegate.orchestrator.relay import Relay
+    from phasegate.queue import SqsQueue
+    from phasegate.store import Store
 
     settings = require(settings_from(), "database_url", "queue_url")
     holder: dict[str, Relay] = {}
@@ -136,7 +136,7 @@ def relay() -> None:
 
 
 async def _connect_pool(settings: Settings) -> Any:
-    from worker.store import create_pool
+    from phasegate.store import create_pool
 
     try:
         return await create_pool(settings.database_url or "", min_size=1, max_size=2,
@@ -150,8 +150,8 @@ async def _connect_pool(settings: Settings) -> Any:
 @click.option("--target", type=int, default=None, help="Stop at this migration number.")
 def migrate(target: int | None) -> None:
     """Apply the numbered SQL migrations (under an advisory lock; idempotent)."""
-    from worker.migrate import migrate as run_migrations
-    from worker.startup import PERMANENT_DB_ERRORS, one_line
+    from phasegate.migrate import migrate as run_migrations
+    from phasegate.worker.startup import PERMANENT_DB_ERRORS, one_line
 
     settings = require(settings_from(), "database_url")
     # Every store of PHASEGATE_STORES gets the same schema (the default store first).
@@ -182,9 +182,9 @@ def migrate(target: int | None) -> None:
 def start(workflow_name: str, input_json: str, workflow_id: str | None,
           classification: str | None, region: str | None) -> None:
     """Start WORKFLOW_NAME; prints the workflow id."""
-    from orchestrator.starter import StartError, start_workflow
-    from worker.queue import SqsQueue
-    from worker.residency import DEFAULT_REGION, RegionalStore, ResidencyError, residency
+    from phasegate.orchestrator.starter import StartError, start_workflow
+    from phasegate.queue import SqsQueue
+    from phasegate.residency import DEFAULT_REGION, RegionalStore, ResidencyError, residency
 
     settings = require(settings_from(), "database_url", "queue_url")
     registry = load_registry(settings)
@@ -231,12 +231,12 @@ def start(workflow_name: str, input_json: str, workflow_id: str | None,
 @click.option("--no-kill", is_flag=True, help="Do not SIGKILL a worker mid-run.")
 def demo(runs: int, workers: int, no_kill: bool) -> None:
     """Everything embedded: Postgres, SQS, workers, relay, sample workflows, a summary."""
-    from orchestrator.demo import run_demo
+    from phasegate.demo import run_demo
 
     sys.exit(run_demo(runs=runs, workers=workers, kill=not no_kill))
 
 
-from orchestrator import cli_control  # noqa: E402  (control plane; needs the helpers above)
+from phasegate import cli_control  # noqa: E402  (control plane; needs the helpers above)
 
 main.add_command(cli_control.orchestrator)
 main.add_command(cli_control.status)
@@ -257,7 +257,7 @@ main.add_command(cli_control.merge)
 def versions(workflow_modules: str | None, as_json: bool) -> None:
     """Before a rollout: per workflow, how many unfinished runs the loaded code would resume
     as they are (recoverable), upcast, or stop at needs_restart."""
-    from worker.versions import format_report, version_report
+    from phasegate.versions import format_report, version_report
 
     settings = require(settings_from(workflow_modules=workflow_modules), "database_url")
     registry = load_registry(settings)

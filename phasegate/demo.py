@@ -24,13 +24,13 @@ from pathlib import Path
 import aioboto3
 import asyncpg
 
-from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
-from orchestrator.starter import start_workflow
-from worker.envelope import canonical_json, state_hash
-from worker.migrate import migrate
-from worker.queue import SqsQueue, create_fifo_queue_pair
-from worker.samples import pipeline
-from worker.store import Store, create_pool
+from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.envelope import canonical_json, state_hash
+from phasegate.migrate import migrate
+from phasegate.queue import SqsQueue, create_fifo_queue_pair
+from phasegate.samples import pipeline
+from phasegate.store import Store, create_pool
 
 RUN_DEADLINE_S = 600
 VISIBILITY_S = 10
@@ -82,7 +82,7 @@ class Fleet:
     def _spawn(self, args: list[str], name: str, extra: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args],
+        return subprocess.Popen([sys.executable, "-m", "phasegate.cli", *args],
                                 env={**self.env, **(extra or {})}, stdout=log, stderr=log)
 
     def start_worker(self) -> subprocess.Popen[bytes]:
@@ -93,7 +93,7 @@ class Fleet:
         return process
 
     def start_control(self) -> None:
-        from orchestrator.cli import main
+        from phasegate.cli import main
 
         if "orchestrator" in main.commands:
             port = free_port()
@@ -218,7 +218,7 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
     env = {**os.environ, **local_aws_env(), "PHASEGATE_DATABASE_URL": dsn,
            "PHASEGATE_QUEUE_URL": queue_url, "PHASEGATE_DLQ_URL": dlq_url,
            "PHASEGATE_SQS_ENDPOINT_URL": endpoint, "PHASEGATE_AWS_REGION": "us-east-1",
-           "PHASEGATE_WORKFLOW_MODULES": "worker.samples", "PHASEGATE_CONCURRENCY": "8",
+           "PHASEGATE_WORKFLOW_MODULES": "phasegate.samples", "PHASEGATE_CONCURRENCY": "8",
            "PHASEGATE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
            "PHASEGATE_HEARTBEAT_S": str(HEARTBEAT_S), "PHASEGATE_SHUTDOWN_GRACE_S": "5",
            "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_LOG_FORMAT": "json",

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.limits import (
+from phasegate.limits import (
     SQS_MAX_LONG_POLL_SECONDS,
     SQS_MAX_MESSAGE_BYTES,
     SQS_MAX_VISIBILITY_TIMEOUT_SECONDS,
@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     # 0 = no limit; ``@wf.phase(name, timeout_s=...)`` overrides it per phase.
     phase_timeout_s: float = Field(default=3600.0, ge=0)
     # -- inside the room: a run resuming from a checkpoint older than this (database time)
-    # re-fetches the versions of the resources it observed (worker/staleness.py).
+    # re-fetches the versions of the resources it observed (phasegate/staleness.py).
     stale_after_s: float = Field(default=3600.0, ge=0)
 
     # -- database
@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8080, ge=0, le=65535)
 
-    # -- TEST ONLY: kill the process at named points (see worker/faults.py). Off by default.
+    # -- TEST ONLY: kill the process at named points (see phasegate/faults.py). Off by default.
     faults: str = ""
     fault_seed: int = 0
 
@@ -145,7 +145,7 @@ class Settings(BaseSettings):
     @field_validator("stores")
     @classmethod
     def _stores(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from worker.residency import parse_stores
+        from phasegate.residency import parse_stores
 
         if value:
             default = parse_stores(value).get("default")
@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     @field_validator("read_policy")
     @classmethod
     def _read_policy(cls, value: str | None) -> str | None:
-        from worker.access import parse_policy
+        from phasegate.access import parse_policy
 
         if value:
             parse_policy(value)
@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     @field_validator("retention_by_classification")
     @classmethod
     def _retention(cls, value: str | None) -> str | None:
-        from orchestrator.purge import parse_retention
+        from phasegate.orchestrator.purge import parse_retention
 
         if value:
             parse_retention(value)
@@ -178,7 +178,7 @@ class Settings(BaseSettings):
     def _default_store(cls, values: object) -> object:
         """``PHASEGATE_STORES``'s default is the database when DATABASE_URL is unset."""
         if isinstance(values, dict) and not values.get("database_url") and values.get("stores"):
-            from worker.residency import parse_stores
+            from phasegate.residency import parse_stores
 
             try:
                 default = parse_stores(str(values["stores"])).get("default")
@@ -202,7 +202,7 @@ class Settings(BaseSettings):
     @property
     def store_map(self) -> dict[str, str]:
         """Region -> DSN for every configured store (``default`` included when known)."""
-        from worker.residency import DEFAULT_REGION, parse_stores
+        from phasegate.residency import DEFAULT_REGION, parse_stores
 
         stores = parse_stores(self.stores) if self.stores else {}
         if self.database_url:

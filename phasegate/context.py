@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from worker.branches import BranchResult, ForkPlan, plan_fork
-from worker.staleness import Observations
-from worker.steps import Category, Steps
+from phasegate.branches import BranchResult, ForkPlan, plan_fork
+from phasegate.staleness import Observations
+from phasegate.steps import Category, Steps
 
 if TYPE_CHECKING:
-    from worker.workflow import Workflow
+    from phasegate.workflow import Workflow
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Context:
     the worker persists it as an ``emergency`` checkpoint when it must (memory pressure), and a
     restarted phase finds it again as ``resumed_progress``.
 
-    Inside the room (``worker/steps.py``, ``worker/staleness.py``): ``step()`` runs a
+    Inside the room (``phasegate/steps.py``, ``phasegate/staleness.py``): ``step()`` runs a
     replay-safe step, ``deliver()``/``pending()``/``batch_done()`` keep the receipt ledger,
     ``observe()`` records an external resource in the staleness envelope, and
     ``tier_attempt`` counts the attempts of this phase from the same input (below-tier
@@ -47,7 +47,7 @@ class Context:
     tier_attempt: int = 1
     steps: Steps | None = field(default=None, repr=False)
     observed: Observations = field(default_factory=Observations, repr=False)
-    # Branches (worker/branches.py): a merge phase's inputs, and a fork this phase asked for.
+    # Branches (phasegate/branches.py): a merge phase's inputs, and a fork this phase asked for.
     merged: list[BranchResult] = field(default_factory=list, repr=False)
     workflow_def: Workflow | None = field(default=None, repr=False)
     fork_plan: ForkPlan | None = field(default=None, repr=False)

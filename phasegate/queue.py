@@ -1,7 +1,7 @@
 """The queue contract the worker speaks, and its SQS implementation over aioboto3.
 
 ``SqsQueue`` talks to a real SQS-compatible server (AWS, moto server, LocalStack) over HTTP.
-``worker.fake_queue.InMemoryFifoQueue`` implements the same protocol for unit tests.
+``phasegate.worker.fake_queue.InMemoryFifoQueue`` implements the same protocol for unit tests.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import aioboto3
 from botocore.config import Config
 
-from worker.limits import (
+from phasegate.limits import (
     SQS_MAX_BATCH_ENTRIES,
     SQS_MAX_LONG_POLL_SECONDS,
     SQS_MAX_RECEIVE_BATCH,
