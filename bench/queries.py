@@ -114,9 +114,9 @@ async def fill(dsn: str, runs: int, per_run: int) -> dict[str, Any]:
 
 
 async def plans(pool: asyncpg.Pool, sample_id: str) -> dict[str, str]:
-    from phasegate.orchestrator.sql import queries
+    from phasegate.sql import queries
 
-    q = queries()
+    q = queries("control.sql")
     statements = {
         "status": (q["get_run"], [sample_id]),
         "list": (q["list_runs"].replace("/*filters*/", ""), [50]),

@@ -30,6 +30,7 @@ from phasegate.orchestrator.views import (
 )
 from phasegate.access import ROLE_PATTERN
 from phasegate.queue import Queue
+from phasegate.sql import queries
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
@@ -227,7 +228,8 @@ async def queue_state(services: Services) -> QueueState:
 async def readiness_problems(services: Services) -> list[str]:
     problems = []
     try:
-        await asyncio.wait_for(services.control.pool.fetchval("SELECT 1"), READY_TIMEOUT_S)
+        ping = queries("schema.sql")["ping"]
+        await asyncio.wait_for(services.control.pool.fetchval(ping), READY_TIMEOUT_S)
     except Exception as exc:
         problems.append(f"postgres: {type(exc).__name__}")
     queue = await queue_state(services)

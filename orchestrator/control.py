@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from phasegate.orchestrator.sql import queries
+from phasegate.sql import queries
 from phasegate.orchestrator.starter import StartError, start_workflow
 from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.access import ReadPolicy
@@ -85,7 +85,7 @@ class Control:
         self.stores = stores
         self.store: Store = stores if stores is not None else RegionalStore(pool)
         self._scoped: dict[str, Control] = {}
-        self._q = queries()
+        self._q = queries("control.sql")
 
     def in_store(self, store: RegionalStore) -> Control:
         """This control plane over one regional store (the default store: itself)."""

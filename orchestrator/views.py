@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel
 
-from phasegate.orchestrator.sql import queries
+from phasegate.sql import queries
 from phasegate import access
 from phasegate.access import ReadPolicy
 
@@ -161,7 +161,7 @@ class Views:
         self.pool = pool
         self.policy = policy
         self.actor = actor
-        self._q = queries()
+        self._q = queries("control.sql")
 
     async def get_run(self, workflow_id: str) -> Run:
         row = await self.pool.fetchrow(self._q["get_run"], workflow_id)

@@ -30,6 +30,7 @@ from phasegate.envelope import canonical_json, state_hash
 from phasegate.migrate import migrate
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.samples import pipeline
+from phasegate.sql import queries
 from phasegate.store import Store, create_pool
 
 RUN_DEADLINE_S = 600
@@ -121,8 +122,7 @@ class Fleet:
 
 async def progress_lines(connection: asyncpg.Connection, total: int, fleet: Fleet,
                          started: float) -> tuple[list[str], int]:
-    rows = await connection.fetch(
-        "SELECT status, current_phase, count(*) AS n FROM workflow_runs GROUP BY 1, 2")
+    rows = await connection.fetch(queries("demo.sql")["runs_by_status_and_phase"])
     by_status: Counter[str] = Counter()
     by_phase: Counter[str] = Counter()
     for row in rows:
@@ -151,12 +151,11 @@ def phase_outcomes(log_dir: Path) -> Counter[str]:
 async def summarize(dsn: str, total: int, log_dir: Path) -> tuple[list[str], bool]:
     connection = await asyncpg.connect(dsn)
     try:
-        runs = await connection.fetch("SELECT workflow_id, status, next_seq FROM workflow_runs")
-        checkpoints = await connection.fetch(
-            "SELECT workflow_id, seq, state::text AS state, state_hash FROM checkpoints "
-            "WHERE kind = 'phase' ORDER BY workflow_id, seq")
-        unsent = await connection.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-        quarantined = await connection.fetchval("SELECT count(*) FROM quarantine")
+        q = queries("demo.sql")
+        runs = await connection.fetch(q["runs"])
+        checkpoints = await connection.fetch(q["phase_checkpoints"])
+        unsent = await connection.fetchval(q["unsent_outbox"])
+        quarantined = await connection.fetchval(q["quarantined"])
     finally:
         await connection.close()
     phases = len(pipeline.phases)

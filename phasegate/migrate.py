@@ -10,19 +10,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from phasegate.sql import migration_files
+from phasegate.sql import migration_files, queries
 
 # An arbitrary constant: "phasegate" folded into a bigint. Changing it would let an old and a
 # new release migrate at once.
 MIGRATION_LOCK_KEY = 0x7068617365676174
-
-_BOOKKEEPING = """
-CREATE TABLE IF NOT EXISTS phasegate_migrations (
-    version    integer PRIMARY KEY,
-    name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
 
 
 @dataclass(frozen=True)
@@ -43,20 +35,26 @@ async def migrate(dsn: str, *, target: int | None = None) -> MigrationReport:
 async def migrate_connection(connection: asyncpg.Connection, *,
                              target: int | None = None) -> MigrationReport:
     applied: list[str] = []
+    q = queries("schema.sql")
     async with connection.transaction():
-        await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
-        await connection.execute(_BOOKKEEPING)
-        done = {row["version"] for row in
-                await connection.fetch("SELECT version FROM phasegate_migrations")}
+        await connection.execute(q["migration_lock"], MIGRATION_LOCK_KEY)
+        await connection.execute(q["migrations_table"])
+        done = {row["version"] for row in await connection.fetch(q["migrations_applied"])}
         for version, name, sql in migration_files():
             if target is not None and version > target:
                 break
             if version in done:
                 continue
             await connection.execute(sql)
-            await connection.execute(
-                "INSERT INTO phasegate_migrations (version, name) VALUES ($1, $2)", version, name)
+            await connection.execute(q["migration_record"], version, name)
             applied.append(f"{version:04d}_{name}")
-        current = await connection.fetchval(
-            "SELECT coalesce(max(version), 0) FROM phasegate_migrations")
+        current = await connection.fetchval(q["schema_version"])
     return MigrationReport(applied=applied, current_version=int(current))
+
+
+async def schema_version(pool: asyncpg.Pool) -> int:
+    """The newest migration applied to the database behind ``pool`` (0 before the first)."""
+    q = queries("schema.sql")
+    if not await pool.fetchval(q["migrations_table_exists"]):
+        return 0
+    return int(await pool.fetchval(q["schema_version"]))

@@ -360,9 +360,9 @@ def unroutable(store: Store, envelope: Envelope) -> str | None:
 
 async def check_schema(pool: asyncpg.Pool, region: str) -> None:
     newest = migration_files()[-1][0]
-    exists = await pool.fetchval("SELECT to_regclass('phasegate_migrations') IS NOT NULL")
-    current = await pool.fetchval(
-        "SELECT coalesce(max(version), 0) FROM phasegate_migrations") if exists else 0
+    from phasegate.migrate import schema_version
+
+    current = await schema_version(pool)
     if current < newest:
         raise StoreError(f"the store of region {region!r} is at schema version {current}, this "
                          f"worker needs {newest}: run `phasegate migrate` first")

@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     @field_validator("retention_by_classification")
     @classmethod
     def _retention(cls, value: str | None) -> str | None:
-        from phasegate.orchestrator.purge import parse_retention
+        from phasegate.retention import parse_retention
 
         if value:
             parse_retention(value)

@@ -109,7 +109,7 @@ class Store:
         self._q = queries()
 
     async def ping(self) -> None:
-        await self.pool.fetchval("SELECT 1")
+        await self.pool.fetchval(queries("schema.sql")["ping"])
 
     # -- runs
 

@@ -142,3 +142,6 @@ WITH victims AS (
 )
 SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM cp) AS checkpoints,
        (SELECT count(*) FROM ob) AS outbox;
+
+-- name: run_exists
+SELECT 1 FROM workflow_runs WHERE workflow_id = $1
