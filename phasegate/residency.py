@@ -11,7 +11,7 @@ Enforced here, in the store layer, not by callers:
   is refused (``ResidencyError``), and so is every write for a run this store does not hold or
   that belongs to another region -- checked against the run's residency as loaded from this
   store's own database (remembered per run; one lookup on a miss). Every checkpoint it commits
-  emits an audit event (``worker/audit.py``).
+  emits an audit event (``phasegate/audit.py``).
 - ``StoreRouter`` is the worker's store when several are configured: each call goes to the
   store of the message being handled (``route()``, a context variable set by the transition)
   or of the run named in the call. A region with no store is refused before anything is
