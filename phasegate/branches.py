@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import structlog
 
-from phasegate.worker import audit
+from phasegate import audit
 from phasegate import residency
 from phasegate.door import Halt
 from phasegate.envelope import (

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from phasegate.worker import audit
+from phasegate import audit
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import migration_files, queries
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError, create_pool
