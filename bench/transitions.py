@@ -48,14 +48,14 @@ from bench.common import (
 )
 from bench.floor import Floor, SqsFloorQueue, floor_message
 from bench.workload import FAILOVER_PHASE_S, PAYLOAD, noop_workflow, on_last_phase
-from phasegate.orchestrator.embedded import free_port, local_aws_env
 from phasegate.envelope import start_message
-from phasegate.worker.fake_queue import InMemoryFifoQueue
+from phasegate.orchestrator.embedded import free_port, local_aws_env
 from phasegate.queue import Outgoing, SqsQueue, create_fifo_queue_pair
-from phasegate.worker.runtime import Worker
 from phasegate.settings import Settings
 from phasegate.sql import queries
 from phasegate.store import Store, create_pool
+from phasegate.worker.fake_queue import InMemoryFifoQueue
+from phasegate.worker.runtime import Worker
 from phasegate.workflow import Registry
 
 RESULTS = ROOT / "bench" / "results"

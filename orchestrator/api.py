@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 
+from phasegate.access import ROLE_PATTERN
 from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
 from phasegate.orchestrator.control import Control, Outcome
 from phasegate.orchestrator.fleet import Fleet, FleetView
@@ -28,7 +29,6 @@ from phasegate.orchestrator.views import (
     StallReport,
     SummaryRow,
 )
-from phasegate.access import ROLE_PATTERN
 from phasegate.queue import Queue
 from phasegate.sql import queries
 

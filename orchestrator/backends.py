@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from phasegate.access import policy_from
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.views import ControlError
-from phasegate.access import policy_from
 from phasegate.queue import SqsQueue
 from phasegate.settings import Settings
 from phasegate.store import create_pool

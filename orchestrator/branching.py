@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 import structlog
 
-from phasegate.orchestrator.views import Conflict, NotFound
 from phasegate.branches import sql, tree_rows_to_json
 from phasegate.envelope import MAIN_BRANCH, dedup_id, phase_message
+from phasegate.orchestrator.views import Conflict, NotFound
 from phasegate.queue import Outgoing, Queue
 from phasegate.sql import queries
 from phasegate.store import Store

@@ -18,13 +18,13 @@ from typing import Any
 import asyncpg
 import structlog
 
-from phasegate.sql import queries
-from phasegate.orchestrator.starter import StartError, start_workflow
-from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.access import ReadPolicy
 from phasegate.envelope import dedup_id, message_group_id, phase_message
+from phasegate.orchestrator.starter import StartError, start_workflow
+from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
+from phasegate.sql import queries
 from phasegate.store import Store
 from phasegate.workflow import Registry
 

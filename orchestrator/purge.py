@@ -14,8 +14,8 @@ from datetime import timedelta
 import asyncpg
 import structlog
 
-from phasegate.sql import queries
 from phasegate.retention import parse_age, parse_retention
+from phasegate.sql import queries
 
 log = structlog.get_logger("phasegate.purge")
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import structlog
 import uvicorn
 
+from phasegate.access import policy_from
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.relay import Relay
-from phasegate.access import policy_from
 from phasegate.queue import SqsQueue
 from phasegate.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
 from phasegate.settings import Settings

@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel
 
-from phasegate.sql import queries
 from phasegate import access
 from phasegate.access import ReadPolicy
+from phasegate.sql import queries
 
 UNFINISHED = ("pending", "running", "awaiting_review")
 STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",

@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import structlog
 
-from phasegate import audit
-from phasegate import residency
+from phasegate import audit, residency
 from phasegate.door import Halt
 from phasegate.envelope import (
     BRANCH_PATTERN,

@@ -24,10 +24,10 @@ from pathlib import Path
 import aioboto3
 import asyncpg
 
-from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.envelope import canonical_json, state_hash
 from phasegate.migrate import migrate
+from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
+from phasegate.orchestrator.starter import start_workflow
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.samples import pipeline
 from phasegate.sql import queries

@@ -24,9 +24,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, settings_env
-from phasegate.worker import cgroups
 from phasegate.settings import Settings
+from phasegate.worker import cgroups
+from tests.helpers import ROOT, settings_env
 
 
 class SandboxUnavailable(Exception):

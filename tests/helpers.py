@@ -17,9 +17,9 @@ import aioboto3
 import asyncpg
 
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
-from phasegate.worker.runtime import Worker
 from phasegate.settings import Settings
 from phasegate.store import Store, create_pool
+from phasegate.worker.runtime import Worker
 from phasegate.workflow import Registry
 
 ROOT = Path(__file__).resolve().parent.parent

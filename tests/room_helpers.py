@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.settings import Settings
+from phasegate.worker.examples.fake_api import FakeApi
+from phasegate.workflow import Workflow
 from tests import workflows, workflows_room
 from tests.helpers import fetch, fetchval, make_settings, queue_for, store_for
-from phasegate.worker.examples.fake_api import FakeApi
-from phasegate.settings import Settings
-from phasegate.workflow import Workflow
 
 
 @pytest.fixture(name="api")

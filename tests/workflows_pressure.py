@@ -20,8 +20,8 @@ import asyncio
 import os
 from typing import Any, BinaryIO
 
-from tests.workflows import record, wait_gate
 from phasegate import Context, Workflow
+from tests.workflows import record, wait_gate
 
 CHUNK = 1 << 20
 

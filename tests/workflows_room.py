@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tests.workflows import record
 from phasegate import Context, NonRetryableError, Workflow
 from phasegate.worker.examples.fake_api import ApiClient
+from tests.workflows import record
 
 API_URL: str | None = None
 

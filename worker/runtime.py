@@ -20,14 +20,15 @@ from typing import Any
 import structlog
 
 from phasegate import metrics, redact
-from phasegate.worker.batcher import MicroBatcher
-from phasegate.worker.emergency import EmergencyController
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
-from phasegate.worker.probes import ProbeServer
 from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
 from phasegate.residency import StoreRouter, stores_from_settings
 from phasegate.settings import Settings
+from phasegate.store import Store, create_pool
+from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.emergency import EmergencyController
+from phasegate.worker.probes import ProbeServer
 from phasegate.worker.startup import (
     PERMANENT_DB_ERRORS,
     PermanentStartupError,
@@ -35,7 +36,6 @@ from phasegate.worker.startup import (
     check_schema,
     one_line,
 )
-from phasegate.store import Store, create_pool
 from phasegate.worker.transition import (
     Action,
     PhaseTransition,

@@ -23,7 +23,6 @@ import structlog
 from pydantic import ValidationError
 
 from phasegate import metrics, redact, residency, tracing
-from phasegate.worker.batcher import MicroBatcher
 from phasegate.branches import (
     BranchPosition,
     BranchResult,
@@ -48,6 +47,14 @@ from phasegate.envelope import (
     state_hash,
 )
 from phasegate.faults import Faults
+from phasegate.queue import Outgoing, Queue, QueueError, Received
+from phasegate.staleness import Observations
+from phasegate.steps import PostgresLedger, Steps, StepScope
+from phasegate.storable import UnstorableValue
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
+from phasegate.tiers import PhaseOutcome, decide
+from phasegate.versions import Corrupt, NeedsRestart, load_verified
+from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.guards import (
     MAX_TRANSITION_CRASHES,
     Failed,
@@ -57,13 +64,6 @@ from phasegate.worker.guards import (
     refused_start,
     storable,
 )
-from phasegate.queue import Outgoing, Queue, QueueError, Received
-from phasegate.staleness import Observations
-from phasegate.steps import PostgresLedger, Steps, StepScope
-from phasegate.storable import UnstorableValue
-from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
-from phasegate.tiers import PhaseOutcome, decide
-from phasegate.versions import Corrupt, NeedsRestart, load_verified
 from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")

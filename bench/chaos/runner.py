@@ -40,9 +40,9 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
+from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
 from phasegate.orchestrator.starter import start_workflow
-from phasegate.migrate import migrate
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.store import Store, create_pool
 

@@ -3,9 +3,9 @@
 mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a generated block
 with a marker line such as ``<!-- phasegate:settings -->``; :func:`on_page_markdown` replaces
 it. Sources: the pydantic settings models (``phasegate.settings.Settings``,
-``phasegate.worker.watchdog.WatchdogSettings``), the envelope model (``phasegate.envelope.Envelope``), the
-FastAPI app (``phasegate.orchestrator.api.create_app``), the click app (``phasegate.cli.main``) and the
-chart's ``values.yaml``.
+``phasegate.worker.watchdog.WatchdogSettings``), the envelope model
+(``phasegate.envelope.Envelope``), the FastAPI app (``phasegate.orchestrator.api.create_app``),
+the click app (``phasegate.cli.main``) and the chart's ``values.yaml``.
 
 Run as a script to rewrite the exported files ``docs/reference/envelope-v1.schema.json`` and
 ``docs/reference/openapi.json``; ``tests/unit/test_docs.py`` fails while they are stale::

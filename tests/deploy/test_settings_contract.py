@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deploy import chart
 from phasegate.settings import ENV_PREFIX, Settings, load_settings
+from tests.deploy import chart
 
 SCENARIOS = [p.name.removesuffix("-values.yaml") for p in chart.scenarios()]
 DUMMY_DSN = "postgresql://user@db:5432/phasegate"

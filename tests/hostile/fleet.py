@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, fetch, fetchval, queue_for, settings_env
 from phasegate.settings import Settings
+from tests.helpers import ROOT, fetch, fetchval, queue_for, settings_env
 
 MODULES = "tests.hostile.workflows_hostile"
 # In every hostile input: it must never come out anywhere phasegate writes.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.orchestrator.starter import start_workflow
 from tests.helpers import all_done, fetch, fetchval, queue_for, store_for, wait_for
 from tests.hostile import workflows_hostile as hw
@@ -18,7 +19,6 @@ from tests.hostile.fleet import (
     runs,
     send,
 )
-from phasegate.envelope import canonical_json, phase_message, state_hash
 
 
 async def start(settings, workflow, input):

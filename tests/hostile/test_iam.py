@@ -23,12 +23,12 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
+from phasegate.envelope import start_message
 from phasegate.orchestrator.embedded import free_port
+from phasegate.queue import create_fifo_queue_pair
 from tests.helpers import ROOT, all_done, fetchval, make_settings, settings_env, wait_for
 from tests.hostile.fleet import Fleet
 from tests.integration.test_api_server import insert_stranded_successor, spawn_orchestrator
-from phasegate.envelope import start_message
-from phasegate.queue import create_fifo_queue_pair
 
 ACCOUNT, REGION = "123456789012", "us-east-1"  # moto's default account
 # Calls made before enforcement starts: 3 to create the queue pair, then create_user,

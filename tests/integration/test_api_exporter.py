@@ -11,10 +11,10 @@ from structlog.testing import capture_logs
 
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.views import Views
-from tests.helpers import fetch, make_settings, queue_for, send_raw, wait_for
 from phasegate.queue import SqsQueue
 from phasegate.settings import Settings
 from phasegate.store import create_pool
+from tests.helpers import fetch, make_settings, queue_for, send_raw, wait_for
 
 
 def sample(name: str, **labels: str) -> float:

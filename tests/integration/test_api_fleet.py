@@ -16,10 +16,10 @@ import pytest
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
-from tests.helpers import queue_for
-from tests.json_server import JsonServer
 from phasegate.store import create_pool
 from phasegate.workflow import Registry
+from tests.helpers import queue_for
+from tests.json_server import JsonServer
 
 SELECTOR = {"app.kubernetes.io/name": "phasegate", "app.kubernetes.io/component": "worker"}
 CONTAINER = {"name": "worker", "image": "phasegate:1"}

@@ -11,13 +11,13 @@ import sys
 import httpx
 import pytest
 
+from phasegate.envelope import phase_message
 from phasegate.orchestrator.embedded import free_port
 from phasegate.orchestrator.server import OrchestratorOptions, running_orchestrator
-from tests import workflows
-from tests.helpers import ROOT, fetch, fetchval, make_settings, settings_env, wait_for
-from phasegate.envelope import phase_message
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
+from tests import workflows
+from tests.helpers import ROOT, fetch, fetchval, make_settings, settings_env, wait_for
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from tests.helpers import fetch, fetchval, store_for, wait_for
-from tests.workflows_branches import pair
 from phasegate.branches import (
     BranchPosition,
     Committed,
@@ -26,6 +24,8 @@ from phasegate.branches import (
 )
 from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
 from phasegate.store import PhaseCommit, Store
+from tests.helpers import fetch, fetchval, store_for, wait_for
+from tests.workflows_branches import pair
 
 ROUNDS = 10
 

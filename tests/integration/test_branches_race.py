@@ -15,6 +15,8 @@ from phasegate.cli import main
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Conflict
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -28,8 +30,6 @@ from tests.helpers import (
     wait_for,
 )
 from tests.workflows_branches import fanout, speculate
-from phasegate.store import create_pool
-from phasegate.workflow import Registry
 
 REGISTRY = Registry([fanout, speculate])
 

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from phasegate.cli import main
+from phasegate.envelope import canonical_json, state_hash
 from phasegate.orchestrator.embedded import free_port
+from phasegate.settings import Settings
 from tests.helpers import fetch, fetchval, make_settings, queue_for, settings_env
 from tests.integration.test_api_server import spawn_orchestrator
-from phasegate.envelope import canonical_json, state_hash
-from phasegate.settings import Settings
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+from phasegate.envelope import canonical_json
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -18,8 +20,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from phasegate.envelope import canonical_json
-from phasegate.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
 

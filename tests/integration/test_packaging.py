@@ -7,8 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.helpers import ROOT
 from phasegate.sql import migration_files
+from tests.helpers import ROOT
 
 
 def test_wheel_contains_packages_sql_and_console_script(tmp_path: Path) -> None:

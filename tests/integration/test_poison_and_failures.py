@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry, Workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -19,8 +21,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
-from phasegate.workflow import Registry, Workflow
 
 REGISTRY = Registry([workflows.chain, workflows.flaky, workflows.broken])
 

@@ -13,8 +13,19 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY as METRICS
 
+from phasegate import Workflow
+from phasegate.envelope import start_message
 from phasegate.orchestrator.purge import purge_by_classification
 from phasegate.orchestrator.starter import StartError, start_workflow
+from phasegate.residency import (
+    RegionalStore,
+    ResidencyError,
+    StoreRouter,
+    residency,
+    stores_from_settings,
+)
+from phasegate.store import PhaseCommit, create_pool
+from phasegate.workflow import Registry
 from tests.conftest import throwaway_database
 from tests.helpers import (
     ROOT,
@@ -26,17 +37,6 @@ from tests.helpers import (
     send_raw,
     wait_for,
 )
-from phasegate import Workflow
-from phasegate.envelope import start_message
-from phasegate.residency import (
-    RegionalStore,
-    ResidencyError,
-    StoreRouter,
-    residency,
-    stores_from_settings,
-)
-from phasegate.store import PhaseCommit, create_pool
-from phasegate.workflow import Registry
 
 resident = Workflow("resident")
 

@@ -11,14 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from phasegate.envelope import Envelope, start_message
-from phasegate.worker.guards import (
-    PhaseTimeout,
-    call_phase,
-    group_mismatch,
-    phase_timeout,
-    refused_start,
-    storable,
-)
 from phasegate.queue import Received
 from phasegate.storable import (
     MAX_JSON_DEPTH,
@@ -26,6 +18,14 @@ from phasegate.storable import (
     UnstorableValue,
     check_storable,
     check_storable_size,
+)
+from phasegate.worker.guards import (
+    PhaseTimeout,
+    call_phase,
+    group_mismatch,
+    phase_timeout,
+    refused_start,
+    storable,
 )
 from phasegate.workflow import Workflow, WorkflowDefinitionError
 

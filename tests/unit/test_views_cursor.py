@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from phasegate.orchestrator.control import CANCELLABLE, RULES, refuse
-from phasegate.sql import queries
 from phasegate.orchestrator.views import STATUSES, Invalid, Run, decode_cursor, encode_cursor
+from phasegate.sql import queries
 
 
 def test_cursor_round_trips_with_microseconds() -> None:
