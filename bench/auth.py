@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.auth import TokenFile, new_token, token_line
+from phasegate.orchestrator.auth import TokenFile, new_token, token_line
 
 
 def per_call_s(fn: Callable[[], object], rounds: int) -> float:
@@ -55,8 +55,8 @@ async def requests_per_s(auth: object, token: str, count: int) -> float:
 
     import httpx
 
-    from orchestrator.api import Services, create_app
-    from orchestrator.fleet import FleetView
+    from phasegate.orchestrator.api import Services, create_app
+    from phasegate.orchestrator.fleet import FleetView
 
     services = Services(control=types.SimpleNamespace(), queue=None,  # type: ignore[arg-type]
                         fleet=FleetView(None, reason="bench"), auth=auth)  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ async def requests_per_s(auth: object, token: str, count: int) -> float:
 def measure_requests(folder: Path, count: int) -> list[dict[str, float]]:
     import asyncio
 
-    from orchestrator.auth import NoAuth
+    from phasegate.orchestrator.auth import NoAuth
 
     baseline = min(asyncio.run(requests_per_s(NoAuth(), "x", count)) for _ in range(3))
     rows = []
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20000)
     parser.add_argument("--requests", type=int, default=1000)
     args = parser.parse_args()
-    from worker.logs import configure_logging
+    from phasegate.logs import configure_logging
 
     # The access-log line is the same with and without tokens; printing it would time the
     # terminal, not the check.

@@ -19,12 +19,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field, model_validator
 
-from orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
-from orchestrator.auth import Authenticator, Caller, NoAuth
-from orchestrator.control import Control, Outcome
-from orchestrator.fleet import Fleet, FleetView
-from orchestrator.gate import OPEN_PATHS, Gate, required_role
-from orchestrator.views import (
+from phasegate.limits import SQS_MAX_MESSAGE_BYTES
+from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
+from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
+from phasegate.orchestrator.control import Control, Outcome
+from phasegate.orchestrator.fleet import Fleet, FleetView
+from phasegate.orchestrator.gate import OPEN_PATHS, Gate, required_role
+from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
     Run,
@@ -32,9 +33,9 @@ from orchestrator.views import (
     StallReport,
     SummaryRow,
 )
-from worker.limits import SQS_MAX_MESSAGE_BYTES
-from worker.queue import Queue
-from worker.storable import UnstorableValue, check_storable
+from phasegate.queue import Queue
+from phasegate.sql import queries
+from phasegate.storable import UnstorableValue, check_storable
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
@@ -345,7 +346,8 @@ async def queue_state(services: Services) -> QueueState:
 async def readiness_problems(services: Services) -> list[str]:
     problems = []
     try:
-        await asyncio.wait_for(services.control.pool.fetchval("SELECT 1"), READY_TIMEOUT_S)
+        ping = queries("schema.sql")["ping"]
+        await asyncio.wait_for(services.control.pool.fetchval(ping), READY_TIMEOUT_S)
     except Exception as exc:
         problems.append(f"postgres: {type(exc).__name__}")
     queue = await queue_state(services)

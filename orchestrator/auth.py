@@ -20,7 +20,6 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
-import json
 import os
 import re
 import secrets
@@ -33,7 +32,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from worker.access import ROLE_PATTERN
+from phasegate.access import ROLE_PATTERN, parse_service_accounts
 
 log = structlog.get_logger("phasegate.auth")
 
@@ -196,26 +195,6 @@ class NoAuth:
 
     async def authenticate(self, token: str | None) -> Caller | None:
         return self.caller
-
-
-def parse_service_accounts(text: str) -> dict[str, frozenset[str]]:
-    """``PHASEGATE_API_SERVICE_ACCOUNTS``: {"NAMESPACE:NAME": ["role", ...]}."""
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raise ValueError('must be a JSON object like {"namespace:serviceaccount": '
-                         '["operator"]}') from None
-    if not isinstance(raw, dict):
-        raise ValueError("must be a JSON object of 'namespace:serviceaccount' -> roles")
-    accounts: dict[str, frozenset[str]] = {}
-    for key, roles in raw.items():
-        if not isinstance(key, str) or key.count(":") != 1 or not all(key.split(":")):
-            raise ValueError(f"key {key!r} must be 'namespace:serviceaccount'")
-        if not isinstance(roles, list) or not roles or not all(
-                isinstance(r, str) and ROLE_PATTERN.match(r) for r in roles):
-            raise ValueError(f"the roles of {key!r} must be a non-empty list of role names")
-        accounts[key] = frozenset(roles)
-    return accounts
 
 
 SA_PREFIX = "system:serviceaccount:"

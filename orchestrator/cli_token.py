@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.auth import LEVELS, NAME_PATTERN, new_token, token_line
-from worker.access import ROLE_PATTERN
+from phasegate.access import ROLE_PATTERN
+from phasegate.orchestrator.auth import LEVELS, NAME_PATTERN, new_token, token_line
 
 
 @click.group()

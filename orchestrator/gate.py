@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote
 import structlog
 from starlette.routing import BaseRoute, Match
 
-from orchestrator.auth import (
+from phasegate.orchestrator.auth import (
     ADMIN,
     OPERATOR,
     VIEWER,

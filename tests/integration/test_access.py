@@ -12,11 +12,18 @@ import asyncpg
 import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.auth import TokenFile
-from orchestrator.control import Control
-from orchestrator.fleet import FleetView
-from orchestrator.starter import start_workflow
+from phasegate import Workflow
+from phasegate.access import access_log, parse_policy
+from phasegate.migrate import migrate
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.auth import TokenFile
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.residency import RegionalStore
+from phasegate.sql import migration_files
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests.helpers import (
     all_done,
     bearer,
@@ -26,13 +33,6 @@ from tests.helpers import (
     wait_for,
     write_tokens,
 )
-from worker import Workflow
-from worker.access import access_log, parse_policy
-from worker.migrate import migrate
-from worker.residency import RegionalStore
-from worker.sql import migration_files
-from worker.store import create_pool
-from worker.workflow import Registry
 
 guarded = Workflow("guarded")
 
@@ -229,7 +229,7 @@ async def test_the_orchestrator_runs_as_its_role_which_cannot_alter_schema_or_de
         settings, database_url, tmp_path):
     """API start/approve-path/cancel, state reads (logged), relay and exporter as
     phasegate_orchestrator (migration 0007); everything outside its grants is refused."""
-    from orchestrator.server import OrchestratorOptions, running_orchestrator
+    from phasegate.orchestrator.server import OrchestratorOptions, running_orchestrator
 
     done = await finished_run(settings)
     tokens = write_tokens(tmp_path / "tokens", {"ops-bot": "operator,ops"})

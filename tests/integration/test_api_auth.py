@@ -18,10 +18,12 @@ import asyncpg
 import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.control import Control
-from orchestrator.embedded import free_port
-from orchestrator.fleet import FleetView
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.embedded import free_port
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.settings import Settings
+from phasegate.workflow import Registry
 from tests.helpers import (
     ROOT,
     bearer,
@@ -31,8 +33,6 @@ from tests.helpers import (
     wait_for,
     write_tokens,
 )
-from worker.settings import Settings
-from worker.workflow import Registry
 
 ROLES = {"val": "viewer", "otto": "operator", "ada": "admin"}
 # Every /v1 route, the role it needs, and a body where it takes one.
@@ -64,14 +64,14 @@ def settings(database_url: str, queue_pair: tuple[str, str], sqs_endpoint: str) 
 def spawn(port: int, log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--port", str(port)],
+            [sys.executable, "-m", "phasegate.cli", "orchestrator", "--port", str(port)],
             env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PHASEGATE_LOG_FORMAT": "json",
                  "PHASEGATE_WORKFLOW_MODULES": "tests.workflows"},
             cwd=ROOT, stdout=log, stderr=log)
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "phasegate.cli", *args], env=env,
                           capture_output=True, timeout=60, cwd=ROOT)
 
 
@@ -264,7 +264,7 @@ async def test_no_auth_is_refused_off_loopback_and_a_bad_tokens_file_stops_start
 
 async def test_database_down_is_503_not_500(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens", {"val": "viewer"})
-    from orchestrator.auth import TokenFile
+    from phasegate.orchestrator.auth import TokenFile
 
     # Nothing listens on this port: every query fails to connect, as with a database outage.
     pool = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/x",

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from orchestrator.embedded import free_port
+from phasegate.orchestrator.embedded import free_port
+from phasegate.settings import Settings
 from tests.helpers import settings_env, wait_for, write_tokens
 from tests.integration.test_api_auth import spawn
-from worker.settings import Settings
 
 GATE = {401, 403, 413, 422, 503}
 

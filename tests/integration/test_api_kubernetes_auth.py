@@ -9,14 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.auth import KubernetesAuth, parse_service_accounts
-from orchestrator.control import Control
-from orchestrator.fleet import FleetView
+from phasegate.access import parse_service_accounts
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.auth import KubernetesAuth
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests.helpers import bearer
 from tests.json_server import JsonServer
-from worker.store import create_pool
-from worker.workflow import Registry
 
 REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 # Token -> the user the apiserver says it belongs to (None: not authenticated).

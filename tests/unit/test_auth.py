@@ -9,20 +9,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.auth import (
+from phasegate.access import parse_service_accounts
+from phasegate.cli import main
+from phasegate.orchestrator.auth import (
     Caller,
     KubernetesAuth,
     NoAuth,
     TokenFile,
     authenticator_from,
     is_loopback,
-    parse_service_accounts,
     parse_tokens,
     token_digest,
     token_line,
 )
-from orchestrator.cli import main
-from worker.settings import SettingsError, load_settings
+from phasegate.settings import SettingsError, load_settings
 
 HEX = "a" * 64
 
@@ -140,8 +140,8 @@ def test_every_v1_route_has_a_role_decided() -> None:
 
     from fastapi.routing import APIRoute
 
-    from orchestrator.api import create_app
-    from orchestrator.gate import OPEN_PATHS, ROUTE_ROLES
+    from phasegate.orchestrator.api import create_app
+    from phasegate.orchestrator.gate import OPEN_PATHS, ROUTE_ROLES
 
     app = create_app(types.SimpleNamespace(control=None, queue=None, fleet=None,
                                            auth=NoAuth(), max_body_bytes=1024))
