@@ -130,8 +130,10 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": Problem, "description": "The body exceeds PHASEGATE_API_MAX_BODY_BYTES"},
 }
 # The database is down or the connection broke: 503, so a client retries, never a 500.
-UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError,
-               asyncio.TimeoutError)
+# InternalClientError: asyncpg's state machine on a connection the server just terminated
+# ("cannot switch to state ..."), seen when a login is disabled under load.
+UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+               asyncpg.InternalClientError, OSError, asyncio.TimeoutError)
 # SQLSTATE classes that mean "not now" rather than "wrong": connection exceptions, refused
 # credentials (a rotated password, a disabled login), too many connections / out of
 # resources, and an administrator's shutdown or a starting server.
