@@ -68,6 +68,8 @@ class Queue(Protocol):
 
     async def is_fifo(self) -> bool: ...
 
+    async def encryption(self) -> str | None: ...
+
 
 T = TypeVar("T")
 
@@ -190,6 +192,18 @@ class SqsQueue:
         response = await self._client.get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=["FifoQueue"])
         return bool(response.get("Attributes", {}).get("FifoQueue") == "true")
+
+    async def encryption(self) -> str | None:
+        """How the queue is encrypted at rest: "SSE-KMS", "SSE-SQS", or None (it is not)."""
+        self.calls += 1
+        response = await self._client.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["SqsManagedSseEnabled", "KmsMasterKeyId"])
+        attrs = response.get("Attributes", {})
+        if attrs.get("KmsMasterKeyId"):
+            return "SSE-KMS"
+        if attrs.get("SqsManagedSseEnabled") == "true":
+            return "SSE-SQS"
+        return None
 
 
 async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s: int = 30,

@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=20.0, ge=0)
     max_message_bytes: int = Field(default=SQS_MAX_MESSAGE_BYTES, ge=256, le=SQS_MAX_MESSAGE_BYTES)
 
+    require_queue_encryption: bool = Field(
+        default=False,
+        description="Refuse to start a worker on a queue without SSE (SSE-SQS or a KMS key).")
+
     # -- failures inside a phase
     max_attempts: int = Field(default=5, ge=1, le=1000)
     retry_backoff_s: float = Field(default=2.0, ge=0)

@@ -118,6 +118,9 @@ class InMemoryFifoQueue:
     async def is_fifo(self) -> bool:
         return True
 
+    async def encryption(self) -> str | None:
+        return "in-memory"  # never leaves the process
+
     async def depth(self) -> QueueDepth:
         self.calls += 1
         now = self.clock()

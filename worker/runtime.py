@@ -293,6 +293,7 @@ class Worker:
                         raise PermanentStartupError(
                             "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
                             "phasegate needs per-workflow ordering; create a .fifo queue")
+                    await self._check_encryption()
             if not waiting_for:
                 assert self.store is not None
                 await check_schema(self.store)
@@ -304,6 +305,20 @@ class Worker:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
             delay = min(delay * 2, 5.0)
+
+    async def _check_encryption(self) -> None:
+        """Phase messages carry workflow state: a queue without SSE is refused when
+        PHASEGATE_REQUIRE_QUEUE_ENCRYPTION is set, and reported otherwise."""
+        assert self.queue is not None
+        encryption = await self.queue.encryption()
+        if encryption is not None:
+            return
+        if self.settings.require_queue_encryption:
+            raise PermanentStartupError(
+                "PHASEGATE_QUEUE_URL is not encrypted at rest (neither SqsManagedSseEnabled nor "
+                "a KmsMasterKeyId): create it with SSE, or unset "
+                "PHASEGATE_REQUIRE_QUEUE_ENCRYPTION")
+        log.warning("queue_not_encrypted", queue=self.settings.queue_url)
 
     # -- receiving ----------------------------------------------------------------------------
 

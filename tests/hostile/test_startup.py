@@ -80,3 +80,25 @@ async def test_migrate_errors_are_one_line(refused_dsns, empty_database_url):
     assert done.returncode == 1
     assert done.stderr.startswith("phasegate: migrate failed at PHASEGATE_DATABASE_URL: ")
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+async def unencrypted_fifo_queue(endpoint: str, name: str) -> str:
+    session = aioboto3.Session()
+    async with session.client("sqs", endpoint_url=endpoint, region_name="us-east-1") as client:
+        return str((await client.create_queue(QueueName=f"{name}.fifo", Attributes={
+            "FifoQueue": "true", "SqsManagedSseEnabled": "false"}))["QueueUrl"])
+
+
+async def test_an_unencrypted_queue_is_refused_when_encryption_is_required(
+        database_url, queue_pair, sqs_endpoint):
+    from phasegate.queue import SqsQueue
+
+    url = await unencrypted_fifo_queue(sqs_endpoint, f"plain-{id(queue_pair):x}")
+    for queue_url, expected in ((url, None), (queue_pair[0], "SSE-SQS")):
+        async with SqsQueue(queue_url, endpoint_url=sqs_endpoint, region="us-east-1") as queue:
+            assert await queue.encryption() == expected
+    settings = make_settings(database_url, (url, queue_pair[1]), sqs_endpoint,
+                             require_queue_encryption=True, **PATIENT)
+    code, line = run_worker(settings_env(settings))
+    assert code == 2
+    assert line.startswith("phasegate: PHASEGATE_QUEUE_URL is not encrypted at rest")
