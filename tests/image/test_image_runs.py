@@ -69,11 +69,15 @@ def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int
                                      headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read() or b"null")
+            status, raw = response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, None
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:  # /readyz answers plain text
+        return status, raw.decode()
 
 
 async def answers(url: str) -> bool:
