@@ -1,8 +1,9 @@
 """The queue-depth exporter: what an HPA External metric (via prometheus-adapter) scales on.
 
 Every few seconds it reads the queue's (and the dead-letter queue's) Approximate* attributes,
-the age of the oldest unfinished run and the number of runs in each status. A failed poll is logged and counted and the last good value stays exported
-(an HPA holds its scale on a missing metric too); the loop itself never dies of it.
+the age of the oldest unfinished run and the number of runs in each status. A failed poll is
+logged and counted and the last good value stays exported (an HPA holds its scale on a missing
+metric too); the loop itself never dies of it.
 """
 
 from __future__ import annotations

@@ -94,11 +94,6 @@ class SqsQueue:
         self._stack: AsyncExitStack | None = None
         self.calls = 0
 
-    def sibling(self, queue_url: str) -> SqsQueue:
-        """Another queue (e.g. the DLQ) on this one's open client; closing it closes nothing."""
-        return SqsQueue(queue_url, endpoint_url=self._endpoint_url, region=self._region,
-                        client=self._client)
-
     async def open(self) -> SqsQueue:
         if self._client is None:
             self._stack = AsyncExitStack()

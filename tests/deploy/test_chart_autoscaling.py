@@ -88,7 +88,8 @@ def test_keda_options_render_where_keda_reads_them(helm_home):
     so = with_keda(values).one("ScaledObject")
     validate_object(so)
     spec = so["spec"]
-    assert (spec["minReplicaCount"], spec["idleReplicaCount"], spec["maxReplicaCount"]) == (1, 0, 30)
+    assert (spec["minReplicaCount"], spec["idleReplicaCount"],
+            spec["maxReplicaCount"]) == (1, 0, 30)
     assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (5, 120)
     assert spec["fallback"] == {"failureThreshold": 4, "replicas": 3}
     assert so["metadata"]["annotations"] == {"autoscaling.keda.sh/paused": "true",
@@ -122,7 +123,7 @@ def test_cluster_trigger_authentication_and_an_existing_one(helm_home):
     assert ref == {"name": "shared-sqs", "kind": "TriggerAuthentication"}
     missing = chart.merge_values(minimal(), {"autoscaling": {"keda": {"authentication": {
         "create": False}}}})
-    with pytest.raises(chart.RenderError, match="authentication.name"):
+    with pytest.raises(chart.RenderError, match=r"authentication\.name"):
         with_keda(missing)
 
 

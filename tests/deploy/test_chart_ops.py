@@ -18,11 +18,11 @@ EXTERNAL = {"kube_pod_container_status_restarts_total", "kube_deployment_status_
 
 def exported_metric_names() -> set[str]:
     """Every family the worker and orchestrator register, with histogram/counter suffixes."""
-    import orchestrator.exporter
+    from prometheus_client import REGISTRY
+
     import worker.emergency
     import worker.metrics
     import worker.watchdog  # noqa: F401  (registers the watchdog's families)
-    from prometheus_client import REGISTRY
 
     names: set[str] = set()
     for family in REGISTRY.collect():

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def docker(*args: str, check: bool = True,
+           timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check,
                           timeout=timeout)
 

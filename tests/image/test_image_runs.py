@@ -17,13 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from orchestrator.embedded import local_aws_env
 from tests.deploy import chart
 from tests.helpers import all_done, fetch, fetchval, send_raw, wait_for
-from tests.image.containers import Container
 from tests.image.conftest import free_port
+from tests.image.containers import Container
 from tests.image.podspec import PodRun, pod_run
 from worker.envelope import start_message
 from worker.settings import Settings
