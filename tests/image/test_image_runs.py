@@ -23,7 +23,7 @@ from tests.helpers import all_done, fetch, fetchval, send_raw, wait_for
 from tests.image.conftest import free_port
 from tests.image.containers import Container
 from tests.image.podspec import PodRun, pod_run
-from worker.envelope import start_message
+from worker.envelope import canonical_json, start_message, state_hash
 from worker.settings import Settings
 
 RUNS = 20
@@ -193,3 +193,44 @@ def test_memory_limited_worker_flushes_on_headroom_before_the_oom_kill_and_a_sec
     finally:
         for container in containers:
             container.remove()
+
+
+async def seed_runs_for_the_gate(dsn: str) -> None:
+    """Unfinished runs as an older release left them: 3 at their input (any code resumes
+    them) and 2 of "heap" after a checkpoint of schema version 2, newer than the image's
+    heap (version 1: a rollback, no downcasters), so those 2 would stop at needs_restart."""
+    state = canonical_json({"k": 1})
+    for i in range(5):
+        at_input = i < 3
+        wid = f"gate-{i}-{uuid.uuid4().hex[:6]}"
+        await fetch(dsn, "INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, "
+                    "current_phase, schema_version) VALUES ($1, 'heap', 'running', $2, "
+                    "'grow', 1)", wid, 0 if at_input else 1)
+        if not at_input:
+            await fetch(dsn, "INSERT INTO checkpoints (workflow_id, seq, phase, kind, "
+                        "schema_version, state, state_hash) VALUES ($1, 0, 'grow', 'phase', "
+                        "2, $2::jsonb, $3)", wid, state, state_hash(state))
+
+
+def test_pre_upgrade_gate_job_refuses_when_too_many_runs_need_a_restart(
+        image, database_url, queue_pair, sqs_endpoint):
+    asyncio.run(seed_runs_for_the_gate(database_url))
+    outcomes = {}
+    for share in (0.25, 0.5):
+        values = chart.merge_values(chart_values(database_url, queue_pair, sqs_endpoint),
+                                    {"upgradeGate": {"maxRestartShare": share}})
+        run = pod_run(chart.render(values, is_upgrade=True), "Job", "-upgrade-gate",
+                      "pg-upgrade-gate-x1")
+        assert run.args == ["versions", "--max-restart-share", str(share)]
+        gate = start(run, image, "pg-gate")
+        try:
+            outcomes[share] = (gate.wait(timeout=120), gate.logs())
+        finally:
+            gate.remove()
+    code, output = outcomes[0.25]
+    assert code == 1, output
+    assert "upgrade refused: 2 of 5 unfinished runs (40.0%) would need a restart" in output
+    assert "heap (2 of 5)" in output
+    code, output = outcomes[0.5]
+    assert code == 0, output
+    assert "upgrade allowed" in output
