@@ -39,6 +39,18 @@ def test_scenarios_cover_every_mode():
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_scenario_needs_the_hpa_scale_to_zero_gate(scenario, rendered):
+    """Stock EKS has no HPAScaleToZero gate: every HPA the scenarios render keeps a worker,
+    and every ScaledObject bounds its range sensibly."""
+    for hpa in rendered[scenario].of_kind("HorizontalPodAutoscaler"):
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    for so in rendered[scenario].of_kind("ScaledObject"):
+        spec = so["spec"]
+        assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        assert spec["pollingInterval"] >= 1 and spec["cooldownPeriod"] >= 0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_worker_replicas_left_to_the_autoscaler(scenario, rendered):
     worker = rendered[scenario].one("Deployment", "-worker")
     if mode_of(scenario) == "none":
