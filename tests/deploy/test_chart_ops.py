@@ -20,9 +20,13 @@ def exported_metric_names() -> set[str]:
     """Every family the worker and orchestrator register, with histogram/counter suffixes."""
     from prometheus_client import REGISTRY
 
-    import worker.emergency
-    import worker.metrics
-    import worker.watchdog  # noqa: F401  (registers the watchdog's families)
+    # Imported for what they register in the default registry.
+    import orchestrator.exporter  # noqa: F401
+    import orchestrator.relay  # noqa: F401
+    import worker.deletion_cost  # noqa: F401
+    import worker.emergency  # noqa: F401
+    import worker.metrics  # noqa: F401
+    import worker.watchdog  # noqa: F401
 
     names: set[str] = set()
     for family in REGISTRY.collect():
@@ -132,3 +136,16 @@ def test_deletion_cost_is_off_by_default_and_grants_only_pod_get_and_patch(rende
                               "verbs": ["get", "patch"]}]
     binding = r.one("RoleBinding", "-worker-deletion-cost")
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def test_chart_metadata_for_registries():
+    import yaml
+
+    meta = yaml.safe_load((chart.CHART_DIR / "Chart.yaml").read_text())
+    assert meta["home"].startswith("https://") and meta["sources"]
+    assert meta["icon"].startswith("https://") and meta["icon"].endswith(".svg")
+    assert (chart.ROOT / "docs" / "assets" / meta["icon"].rsplit("/", 1)[-1]).exists()
+    annotations = meta["annotations"]
+    assert annotations["artifacthub.io/license"] == "Apache-2.0"
+    (image,) = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert image["image"] == f"phasegate:{meta['appVersion']}"
