@@ -18,15 +18,14 @@ EXTERNAL = {"kube_pod_container_status_restarts_total", "kube_deployment_status_
 
 def exported_metric_names() -> set[str]:
     """Every family the worker and orchestrator register, with histogram/counter suffixes."""
+    import importlib
+
     from prometheus_client import REGISTRY
 
     # Imported for what they register in the default registry.
-    import orchestrator.exporter  # noqa: F401
-    import orchestrator.relay  # noqa: F401
-    import worker.deletion_cost  # noqa: F401
-    import worker.emergency  # noqa: F401
-    import worker.metrics  # noqa: F401
-    import worker.watchdog  # noqa: F401
+    for module in ("orchestrator.exporter", "orchestrator.relay", "worker.deletion_cost",
+                   "worker.emergency", "worker.metrics", "worker.watchdog"):
+        importlib.import_module(module)
 
     names: set[str] = set()
     for family in REGISTRY.collect():
