@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge
 
-from worker.settings import Settings
+from phasegate.settings import Settings
 
 log = structlog.get_logger("phasegate.deletion_cost")
 

@@ -68,7 +68,7 @@ def test_compose_stack_runs_every_part_from_one_image():
     # It runs the shipped sample workflow unless told otherwise, and says how to start one.
     modules = services["worker"]["environment"]["PHASEGATE_WORKFLOW_MODULES"]
     assert modules == "${PHASEGATE_WORKFLOW_MODULES:-worker.samples}"
-    from worker.samples import pipeline
+    from phasegate.samples import pipeline
 
     text = (LOCALSTACK / "compose.yaml").read_text()
     assert f"phasegate start {pipeline.name}" in text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 STEP_MB = 2
 CHUNK = 1 << 20

@@ -17,14 +17,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.embedded import local_aws_env
+from phasegate.envelope import canonical_json, start_message, state_hash
+from phasegate.orchestrator.embedded import local_aws_env
+from phasegate.settings import Settings
 from tests.deploy import chart
 from tests.helpers import all_done, fetch, fetchval, send_raw, wait_for
 from tests.image.conftest import free_port
 from tests.image.containers import Container
 from tests.image.podspec import PodRun, pod_run
-from worker.envelope import canonical_json, start_message, state_hash
-from worker.settings import Settings
 
 RUNS = 20
 FLOWS_DIR = Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ def chart_values(database_url: str, queue_pair: tuple[str, str], endpoint: str,
     values = chart.load_values(chart.SCENARIO_DIR / "default-values.yaml")
     return chart.merge_values(values, {
         "config": {"queueUrl": queue_pair[0], "dlqUrl": queue_pair[1], "awsRegion": "us-east-1",
-                   "sqsEndpointUrl": endpoint, "workflowModules": "worker.samples,imageflows"},
+                   "sqsEndpointUrl": endpoint, "workflowModules": "phasegate.samples,imageflows"},
         "database": {"url": database_url},
         "worker": {"metricsPort": free_port(), "visibilityTimeoutSeconds": 10,
                    "heartbeatSeconds": 3, **worker},

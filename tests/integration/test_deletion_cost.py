@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from phasegate.envelope import start_message
+from phasegate.settings import Settings
+from phasegate.worker.deletion_cost import ANNOTATION, kubernetes_patcher
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import all_done, fetch, running_worker, send_raw, wait_for
 from tests.json_server import JsonServer
-from worker.deletion_cost import ANNOTATION, kubernetes_patcher
-from worker.envelope import start_message
-from worker.settings import Settings
-from worker.workflow import Registry
 
 POD_PATH = "/api/v1/namespaces/jobs/pods/pg-worker-7d9f-x2"
 POD = {"kind": "Pod", "apiVersion": "v1",
@@ -52,7 +52,7 @@ def worker_settings(settings: Settings) -> Settings:
 
 
 async def test_busy_pod_costs_more_and_idle_pod_returns_to_zero(settings, api, monkeypatch):
-    monkeypatch.setattr("worker.deletion_cost.kubernetes_patcher",
+    monkeypatch.setattr("phasegate.worker.deletion_cost.kubernetes_patcher",
                         lambda: kubernetes_patcher(host=api.url, token="t"))
     workflows.LEDGER_DSN = settings.database_url
     wid, gate = f"dc-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
@@ -71,7 +71,7 @@ async def test_busy_pod_costs_more_and_idle_pod_returns_to_zero(settings, api, m
 
 
 async def test_a_failing_api_server_never_affects_phases(settings, api, monkeypatch):
-    monkeypatch.setattr("worker.deletion_cost.kubernetes_patcher",
+    monkeypatch.setattr("phasegate.worker.deletion_cost.kubernetes_patcher",
                         lambda: kubernetes_patcher(host=api.url, token="t"))
     api.status = 403
     workflows.LEDGER_DSN = settings.database_url

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from worker.deletion_cost import ANNOTATION, MAX_COST, DeletionCostUpdater, deletion_cost
+from phasegate.worker.deletion_cost import ANNOTATION, MAX_COST, DeletionCostUpdater, deletion_cost
 
 
 def test_idle_is_lowest_and_long_uncommitted_work_highest():
@@ -63,8 +63,8 @@ async def test_a_broken_cost_source_is_reported_not_raised():
 
 @pytest.mark.parametrize("missing", ["pod_name", "pod_namespace"])
 def test_off_without_the_downward_api_names(missing, monkeypatch):
-    from worker.deletion_cost import updater_from_settings
-    from worker.settings import Settings
+    from phasegate.settings import Settings
+    from phasegate.worker.deletion_cost import updater_from_settings
 
     values = {"deletion_cost": True, "pod_name": "p", "pod_namespace": "n", missing: None}
     settings = Settings(**values)
