@@ -23,8 +23,9 @@ def exported_metric_names() -> set[str]:
     from prometheus_client import REGISTRY
 
     # Imported for what they register in the default registry.
-    for module in ("phasegate.orchestrator.exporter", "phasegate.orchestrator.relay", "phasegate.worker.deletion_cost",
-                   "phasegate.worker.emergency", "phasegate.metrics", "phasegate.worker.watchdog"):
+    for module in ("phasegate.orchestrator.exporter", "phasegate.orchestrator.relay",
+                   "phasegate.worker.deletion_cost", "phasegate.worker.emergency",
+                   "phasegate.metrics", "phasegate.worker.watchdog"):
         importlib.import_module(module)
 
     names: set[str] = set()
