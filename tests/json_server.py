@@ -1,5 +1,6 @@
-"""A tiny threaded HTTP server answering GETs with JSON, for the local stand-ins of remote
-APIs the tests talk to (no kube-apiserver can run on the build machines)."""
+"""A tiny threaded HTTP server answering GETs (and recording PATCHes, and answering POSTs) with
+JSON, for the local stand-ins of remote APIs the tests talk to (no kube-apiserver can run on the
+build machines)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,15 @@ PostResponder = Callable[[str, Any, Any], tuple[int, dict[str, Any]]]
 
 
 class JsonServer:
-    def __init__(self, respond: Responder, post: PostResponder | None = None) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                request = json.loads(self.rfile.read(length) or b"null")
-                if post is None:
-                    code, body = 405, {"kind": "Status", "code": 405}
-                else:
-                    code, body = post(self.path, self.headers, request)
-                self._answer(code, body)
+    """GETs answered by ``respond``; PATCH bodies are recorded in ``patches`` (path,
+    content type, JSON body) and answered by ``respond`` too; POSTs answered by ``post``
+    (405 without one)."""
 
+    def __init__(self, respond: Responder, post: PostResponder | None = None) -> None:
+        outer = self
+        self.patches: list[tuple[str, str | None, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
             def _answer(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
@@ -35,14 +34,23 @@ class JsonServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"null")
+
             def do_GET(self) -> None:
-                code, body = respond(self.path, self.headers)
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._answer(*respond(self.path, self.headers))
+
+            def do_PATCH(self) -> None:
+                outer.patches.append((self.path, self.headers.get("Content-Type"), self._body()))
+                self.do_GET()
+
+            def do_POST(self) -> None:
+                request = self._body()
+                if post is None:
+                    self._answer(405, {"kind": "Status", "code": 405})
+                else:
+                    self._answer(*post(self.path, self.headers, request))
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

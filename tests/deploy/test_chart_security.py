@@ -60,7 +60,7 @@ def pod_labels(r: chart.Rendered, component: str) -> dict[str, str]:
 def test_network_policy_is_on_by_default_and_workers_cannot_reach_the_api(minimal_values):
     r = render(minimal_values)
     policies = {p["metadata"]["name"].rsplit("-", 1)[-1]: p for p in r.of_kind("NetworkPolicy")}
-    assert set(policies) == {"worker", "orchestrator", "migrate"}
+    assert set(policies) == {"worker", "orchestrator", "jobs"}
     api = policies["orchestrator"]
     port = r.one("Deployment", "-orchestrator")["spec"]["template"]["spec"]["containers"][0][
         "ports"][0]["containerPort"]
@@ -75,13 +75,17 @@ def test_network_policy_is_on_by_default_and_workers_cannot_reach_the_api(minima
     assert not admitted(worker, 9100, pod_labels(r, "orchestrator"), NAMESPACE_LABELS)
     assert not any(admitted(worker, p, {"phasegate.dev/api-client": "true"}, NAMESPACE_LABELS)
                    for p in (80, 8080, 9100))
-    assert policies["migrate"]["spec"]["ingress"] == []
+    jobs = policies["jobs"]
+    assert jobs["spec"]["ingress"] == []
+    (selects,) = jobs["spec"]["podSelector"]["matchExpressions"]
+    assert selects["values"] == ["migrate", "upgrade-gate"]
+    assert pod_labels(r, "migrate")["app.kubernetes.io/component"] in selects["values"]
     for name, policy in policies.items():
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
         ports = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"]
                  for p in rule["ports"]}
         allowed = {("UDP", 53), ("TCP", 53), ("TCP", 5432)} | (
-            set() if name == "migrate" else {("TCP", 443)})
+            set() if name == "jobs" else {("TCP", 443)})
         assert ports == allowed, name
 
 
@@ -132,6 +136,7 @@ def test_each_process_gets_only_its_own_dsn(minimal_values):
     ({"api": {"tokens": {"existingSecret": "t"}}}, "set only one of api.tokens"),
     ({"api": {"auth": "kubernetes"}}, "api.serviceAccounts"),
     ({"worker": {"podLabels": {"phasegate.dev/api-client": "true"}}}, "worker pods run"),
+    ({"commonLabels": {"phasegate.dev/api-client": "true"}}, "workers included"),
 ])
 def test_unsafe_combinations_fail(minimal_values, override, message):
     with pytest.raises(chart.RenderError, match=message):

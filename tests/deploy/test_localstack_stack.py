@@ -72,6 +72,14 @@ def test_compose_stack_runs_every_part_from_one_image():
     assert orchestrator["volumes"] == [
         f"./api-tokens:{orchestrator['environment']['PHASEGATE_API_TOKENS_FILE']}:ro"]
     assert all(p.startswith("127.0.0.1:") for s in services.values() for p in s.get("ports", []))
+    assert services["orchestrator"]["environment"]["PHASEGATE_API_HOST"] == "0.0.0.0"
+    # It runs the shipped sample workflow unless told otherwise, and says how to start one.
+    modules = services["worker"]["environment"]["PHASEGATE_WORKFLOW_MODULES"]
+    assert modules == "${PHASEGATE_WORKFLOW_MODULES:-worker.samples}"
+    from phasegate.samples import pipeline
+
+    text = (LOCALSTACK / "compose.yaml").read_text()
+    assert f"phasegate start {pipeline.name}" in text
     # Same stop contract as the chart: the drain fits inside the stop grace.
     grace = int(services["worker"]["stop_grace_period"].removesuffix("s"))
     values = chart.load_values(chart.CHART_DIR / "values.yaml")
