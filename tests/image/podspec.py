@@ -1,7 +1,8 @@
 """Turn a rendered pod spec into `docker run` flags, so a container runs as the pod would.
 
 What maps: the container's user and group, the read-only root filesystem, dropped
-capabilities, no privilege escalation, emptyDir mounts as size-limited tmpfs, the memory limit,
+capabilities, no privilege escalation, emptyDir mounts as size-limited tmpfs, Secret volumes
+(of Secrets the chart renders) as read-only bind mounts of their items, the memory limit,
 the args, and the environment (the ConfigMap behind ``envFrom``, literal values, Secret keys
 the chart renders, and the downward-API fields the chart uses). Anything the chart renders
 that this cannot map fails loudly instead of being dropped.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import re
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.deploy.chart import NAMESPACE, Rendered
@@ -98,11 +101,31 @@ def _security_flags(pod: dict[str, Any], container: dict[str, Any]) -> list[str]
     return flags
 
 
-def _volume_flags(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+def _secret_dir(secret: dict[str, str], items: list[dict[str, str]]) -> str:
+    """The Secret's items as files in a fresh host directory (world-readable: the container's
+    uid differs from the host's, and Kubernetes grants it through fsGroup instead)."""
+    folder = Path(tempfile.mkdtemp(prefix="pg-secret-"))
+    for item in items or [{"key": k, "path": k} for k in secret]:
+        path = folder / item["path"]
+        path.write_text(secret[item["key"]])
+        path.chmod(0o444)
+    folder.chmod(0o755)
+    return str(folder)
+
+
+def _volume_flags(pod: dict[str, Any], container: dict[str, Any],
+                  secrets: dict[str, dict[str, str]]) -> list[str]:
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     flags: list[str] = []
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
+        if "secret" in volume and volume["secret"]["secretName"] in secrets:
+            if not mount.get("readOnly"):
+                raise ValueError(f"secret volume {mount['name']} must be mounted read-only")
+            folder = _secret_dir(secrets[volume["secret"]["secretName"]],
+                                 volume["secret"].get("items", []))
+            flags += ["--volume", f"{folder}:{mount['mountPath']}:ro"]
+            continue
         if "emptyDir" not in volume:
             raise ValueError(f"cannot map volume {mount['name']}: {volume}")
         size = volume["emptyDir"].get("sizeLimit")
@@ -120,6 +143,7 @@ def pod_run(rendered: Rendered, kind: str, name_suffix: str, pod_name: str) -> P
     return PodRun(
         name=pod_name, args=list(container.get("args", [])),
         env=_env(rendered, container, pod_name),
-        flags=_security_flags(pod, container) + _volume_flags(pod, container),
+        flags=_security_flags(pod, container) + _volume_flags(pod, container,
+                                                              _secrets(rendered)),
         memory_limit=quantity_bytes(limit) if limit else None,
         grace_seconds=int(pod.get("terminationGracePeriodSeconds", 30)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.envelope import canonical_json, start_message, state_hash
+from phasegate.orchestrator.auth import new_token, token_line
 from phasegate.orchestrator.embedded import local_aws_env
 from phasegate.settings import Settings
 from tests.deploy import chart
@@ -28,6 +29,8 @@ from tests.image.podspec import PodRun, pod_run
 
 RUNS = 20
 FLOWS_DIR = Path(__file__).resolve().parent
+# The API token the chart's tokens Secret admits (its digest goes in api.tokens.lines).
+TOKEN = new_token()
 
 
 def chart_values(database_url: str, queue_pair: tuple[str, str], endpoint: str,
@@ -37,7 +40,9 @@ def chart_values(database_url: str, queue_pair: tuple[str, str], endpoint: str,
     return chart.merge_values(values, {
         "config": {"queueUrl": queue_pair[0], "dlqUrl": queue_pair[1], "awsRegion": "us-east-1",
                    "sqsEndpointUrl": endpoint, "workflowModules": "phasegate.samples,imageflows"},
-        "database": {"url": database_url},
+        "database": {"url": database_url, "urls": {"migrate": "", "worker": "",
+                                                   "orchestrator": ""}},
+        "api": {"tokens": {"lines": [token_line("image-test", ["operator"], TOKEN)]}},
         "worker": {"metricsPort": free_port(), "visibilityTimeoutSeconds": 10,
                    "heartbeatSeconds": 3, **worker},
         "orchestrator": {"port": free_port()},
@@ -64,7 +69,8 @@ def start(run: PodRun, image: str, prefix: str, **kwargs: Any) -> Container:
 def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+                                     headers={"content-type": "application/json",
+                                              "authorization": f"Bearer {TOKEN}"})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             status, raw = response.status, response.read()
