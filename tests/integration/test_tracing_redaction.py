@@ -27,7 +27,7 @@ from tests.helpers import (
 )
 from worker import NonRetryableError, Workflow, tracing
 from worker.envelope import start_message
-from worker.logs import configure_logging
+from worker.logs import configure_logging, reset_logging
 from worker.residency import RegionalStore
 from worker.store import create_pool
 from worker.workflow import Registry
@@ -75,6 +75,7 @@ def json_logs():
     yield buffer
     structlog.configure(**{**config, "logger_factory": structlog.PrintLoggerFactory()})
     structlog.reset_defaults()
+    reset_logging()
 
 
 @pytest.fixture
