@@ -83,7 +83,7 @@ def test_status_view_is_a_renderable_for_a_terminal() -> None:
     styled = render.to_text(render.status_view(summary, {"fleet": {}}), color=True)
     assert "\x1b[1mSTATUS" in styled  # bold header
     assert ESCAPE.sub("", styled).splitlines() == render.status(summary, {"fleet": {}}).splitlines()
-    assert isinstance(render.status_view(summary, {})._renderables[0], Text)
+    assert isinstance(render.status_view(summary, {}).renderables[0], Text)
 
 
 def test_demo_display_is_plain_lines_without_a_terminal() -> None:
