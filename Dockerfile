@@ -16,6 +16,9 @@ RUN python -m venv /opt/venv
 COPY requirements/image.lock ./requirements/
 RUN /opt/venv/bin/pip install --require-hashes -r requirements/image.lock
 COPY pyproject.toml README.md LICENSE ./
+# phasegate/ holds the shared core and the links phasegate/worker -> ../worker and
+# phasegate/orchestrator -> ../orchestrator; the build copies the planes through them.
+COPY phasegate ./phasegate
 COPY worker ./worker
 COPY orchestrator ./orchestrator
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \

@@ -5,7 +5,7 @@
 N messages fail together (a dependency they all call went down) and each retries with
 phasegate's phase-retry policy (PHASEGATE_RETRY_BACKOFF_S=2, ..._MAX_S=300, whole seconds)
 until --attempts; the dependency sees the retries of every attempt. Prints, for a bare
-exponential (the policy before worker/backoff.py) and for full jitter, the busiest second's
+exponential (the policy before phasegate/backoff.py) and for full jitter, the busiest second's
 retries and how many distinct seconds they fall in. A model of the delays only (the same
 function the worker calls), no servers: the ratio is what matters.
 """
@@ -16,7 +16,7 @@ import argparse
 import random
 from collections import Counter
 
-from worker.backoff import full_jitter
+from phasegate.backoff import full_jitter
 
 BASE_S = 2.0
 CAP_S = 300.0

@@ -17,14 +17,14 @@ from contextlib import suppress
 
 import structlog
 
-from worker import metrics
-from worker.backoff import Backoff
-from worker.queue import Outgoing, Queue, QueueError
-from worker.store import Store
+from phasegate import metrics
+from phasegate.backoff import Backoff
+from phasegate.queue import Outgoing, Queue, QueueError
+from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.relay")
 
-# A failing round (Postgres or SQS down) retries with full jitter (worker/backoff.py) from
+# A failing round (Postgres or SQS down) retries with full jitter (phasegate/backoff.py) from
 # interval_s up to this, so every orchestrator replica does not hit a recovering database in
 # the same second; the first good round returns to interval_s.
 RELAY_RETRY_CAP_S = 30.0

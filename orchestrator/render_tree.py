@@ -22,7 +22,7 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 
-from orchestrator.render import to_text
+from phasegate.orchestrator.render import to_text
 
 
 def tree(run: dict[str, Any], checkpoints: list[dict[str, Any]],

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
-from worker.migrate import migrate
-from worker.settings import Settings
+from phasegate.migrate import migrate
+from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
+from phasegate.settings import Settings
 
 os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from worker import Context, NonRetryableError, Workflow
+from phasegate import Context, NonRetryableError, Workflow
 
 LEDGER_DSN: str | None = None
 

@@ -19,32 +19,32 @@ from typing import Any
 
 import structlog
 
-from worker import metrics, redact
-from worker.backoff import Backoff
-from worker.batcher import MicroBatcher
-from worker.emergency import EmergencyController
-from worker.faults import Faults
-from worker.limits import SQS_MAX_RECEIVE_BATCH
-from worker.probes import ProbeServer
-from worker.queue import Outgoing, Queue, QueueError, Received, SqsQueue
-from worker.residency import StoreRouter, stores_from_settings
-from worker.settings import Settings
-from worker.startup import (
+from phasegate import metrics, redact
+from phasegate.backoff import Backoff
+from phasegate.faults import Faults
+from phasegate.limits import SQS_MAX_RECEIVE_BATCH
+from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
+from phasegate.residency import StoreRouter, stores_from_settings
+from phasegate.settings import Settings
+from phasegate.store import Store, create_pool
+from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.emergency import EmergencyController
+from phasegate.worker.probes import ProbeServer
+from phasegate.worker.startup import (
     PERMANENT_DB_ERRORS,
     PermanentStartupError,
     StartupError,
     check_schema,
     one_line,
 )
-from worker.store import Store, create_pool
-from worker.transition import (
+from phasegate.worker.transition import (
     Action,
     PhaseTransition,
     Settlement,
     TransitionConfig,
 )
-from worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
-from worker.workflow import Registry
+from phasegate.worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
+from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.worker")
 
@@ -62,7 +62,7 @@ STOP_FLUSH_S = 2.0
 # the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
 MARK_SENT_LINGER_S = 0.05
 
-# Retry windows (full jitter, worker/backoff.py): the n-th retry waits random(0, min(cap,
+# Retry windows (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
 # base * 2**n)) seconds. Startup's cap stays small so a pod notices a recovered dependency
 # within seconds of its readiness probe; a failing receive backs off further.
 STARTUP_RETRY_BASE_S = 0.25
@@ -264,7 +264,7 @@ class Worker:
     async def _connect(self, stack: AsyncExitStack) -> None:
         """Prove Postgres and SQS are reachable before the first receive, with backoff."""
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        # Full jitter (worker/backoff.py): pods started together by a scale-out do not probe
+        # Full jitter (phasegate/backoff.py): pods started together by a scale-out do not probe
         # a recovering database in lockstep.
         backoff = Backoff(base=STARTUP_RETRY_BASE_S, cap=STARTUP_RETRY_CAP_S)
         while not self._stop.is_set():
@@ -321,7 +321,7 @@ class Worker:
 
     async def _receive_loop(self, burst: bool) -> None:
         assert self.queue is not None
-        # Full jitter (worker/backoff.py): a fleet that lost SQS together does not come back
+        # Full jitter (phasegate/backoff.py): a fleet that lost SQS together does not come back
         # in lockstep.
         errors = Backoff(base=RECEIVE_RETRY_BASE_S, cap=RECEIVE_RETRY_CAP_S)
         while not self._stop.is_set():

@@ -1,4 +1,4 @@
-"""Retry delays with full jitter (worker/backoff.py) where the code backs off: phase retries,
+"""Retry delays with full jitter (phasegate/backoff.py) where the code backs off: phase retries,
 startup connect retries, the receive loop and the relay."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator.relay import RELAY_RETRY_CAP_S, Relay
-from worker.backoff import Backoff, full_jitter
-from worker.transition import PhaseTransition, TransitionConfig
+from phasegate.backoff import Backoff, full_jitter
+from phasegate.orchestrator.relay import RELAY_RETRY_CAP_S, Relay
+from phasegate.worker.transition import PhaseTransition, TransitionConfig
 
 
 def test_full_jitter_draws_from_zero_to_the_capped_exponential_window() -> None:

@@ -1,5 +1,5 @@
 """Standard-library loggers (uvicorn, asyncpg, botocore, ...) go through the same structlog
-JSON pipeline as phasegate's own lines (worker/logs.py)."""
+JSON pipeline as phasegate's own lines (phasegate/logs.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 import structlog
 
-from worker.logs import configure_logging, reset_logging
+from phasegate.logs import configure_logging, reset_logging
 
 SECRET = "AKIAEXAMPLESECRET/wJalrXUtnFEMI"
 

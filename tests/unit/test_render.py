@@ -8,7 +8,7 @@ import re
 
 from rich.text import Text
 
-from orchestrator import render
+from phasegate.orchestrator import render
 
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -87,7 +87,7 @@ def test_status_view_is_a_renderable_for_a_terminal() -> None:
 
 
 def test_demo_display_is_plain_lines_without_a_terminal() -> None:
-    from orchestrator.demo import Display
+    from phasegate.demo import Display
 
     out = io.StringIO()
     display = Display(render.console(color=False, file=out))
@@ -100,7 +100,7 @@ def test_demo_display_is_plain_lines_without_a_terminal() -> None:
 
 
 def test_demo_display_redraws_a_live_region_on_a_terminal() -> None:
-    from orchestrator.demo import Display
+    from phasegate.demo import Display
 
     out = io.StringIO()
     display = Display(render.console(color=True, file=out))
