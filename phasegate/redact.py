@@ -31,7 +31,6 @@ MAX_FRAMES = 30
 ROUTING_FIELDS = ("v", "kind", "workflow_id", "workflow", "seq", "phase", "branch",
                   "traceparent", "classification", "region")
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.:/-]{0,200}$")
-# Every module of the package (the planes are phasegate.worker and phasegate.orchestrator).
 _OWN_MODULES = ("phasegate.",)
 
 
