@@ -9,6 +9,7 @@ artifact: it installs the wheel into a fresh venv and imports it from outside th
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,9 +24,14 @@ SQL_FILES = ("queries", "branches", "governance", "control", "schema", "demo")
 
 
 def build_wheel(out: Path) -> Path:
+    # From a copy of the sources: setuptools reuses a checkout's build/ directory, and a stale
+    # one (say, from before a module moved) would put files in the wheel the tree no longer has.
+    source = out.parent / f"{out.name}-src"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*_cache", "site"))
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)], capture_output=True, text=True, check=False)
+         "-w", str(out), str(source)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return next(out.glob("phasegate-*.whl"))
 
