@@ -97,12 +97,15 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
     """A table of runs by status, workflow, phase and tier, with queue depth and the fleet."""
     backend = _backend(api_url)
     color = sys.stdout.isatty()
-    shown = 0
     try:
-        while True:
+        if watch and color:  # a terminal: redraw in place
+            render.watch(lambda: render.status_view(backend.summary(), backend.fleet()),
+                         interval=interval, count=count)
+            return
+        shown = 0
+        while True:  # a pipe: one plain block per refresh, each under a timestamped header
             text = render.status(backend.summary(), backend.fleet(), color=color)
             if watch:
-                click.echo(render.CLEAR_SCREEN if color else "", nl=False)
                 click.echo(time.strftime("%H:%M:%S ") + "phasegate status (Ctrl-C to stop)")
             click.echo(text)
             shown += 1
@@ -150,7 +153,8 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
         from phasegate.orchestrator.render_tree import tree as draw_tree
 
         click.echo(json.dumps({"run": run, "forks": forks}, indent=2) if as_json
-                   else draw_tree(run, history["checkpoints"], forks))
+                   else draw_tree(run, history["checkpoints"], forks,
+                                  color=sys.stdout.isatty()))
         return
     if as_json:
         click.echo(json.dumps({"run": run, "checkpoints": history["checkpoints"],

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from phasegate import metrics, redact
+from phasegate.backoff import Backoff
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
@@ -61,6 +62,14 @@ STOP_FLUSH_S = 2.0
 # even when a single workflow runs, off the transition's path (nothing waits on it). Far below
 # the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
 MARK_SENT_LINGER_S = 0.05
+
+# Retry windows (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
+# base * 2**n)) seconds. Startup's cap stays small so a pod notices a recovered dependency
+# within seconds of its readiness probe; a failing receive backs off further.
+STARTUP_RETRY_BASE_S = 0.25
+STARTUP_RETRY_CAP_S = 5.0
+RECEIVE_RETRY_BASE_S = 0.5
+RECEIVE_RETRY_CAP_S = 10.0
 
 
 class Worker:
@@ -268,7 +277,9 @@ class Worker:
     async def _connect(self, stack: AsyncExitStack) -> None:
         """Prove Postgres and SQS are reachable before the first receive, with backoff."""
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        delay = 0.25
+        # Full jitter (phasegate/backoff.py): pods started together by a scale-out do not probe
+        # a recovering database in lockstep.
+        backoff = Backoff(base=STARTUP_RETRY_BASE_S, cap=STARTUP_RETRY_CAP_S)
         while not self._stop.is_set():
             waiting_for = []
             if self.store is None:
@@ -314,10 +325,11 @@ class Worker:
             if time.monotonic() > deadline:
                 raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
                                    f"waiting for {', '.join(waiting_for)}")
-            log.warning("waiting_for_dependencies", waiting_for=waiting_for, retry_in_s=delay)
+            delay = backoff.next()
+            log.warning("waiting_for_dependencies", waiting_for=waiting_for,
+                        retry_in_s=round(delay, 3))
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
-            delay = min(delay * 2, 5.0)
 
     async def _check_encryption(self) -> None:
         """Phase messages carry workflow state: a queue without SSE is refused when
@@ -337,7 +349,9 @@ class Worker:
 
     async def _receive_loop(self, burst: bool) -> None:
         assert self.queue is not None
-        error_delay = 0.5
+        # Full jitter (phasegate/backoff.py): a fleet that lost SQS together does not come back
+        # in lockstep.
+        errors = Backoff(base=RECEIVE_RETRY_BASE_S, cap=RECEIVE_RETRY_CAP_S)
         while not self._stop.is_set():
             await self._receiving.wait()
             free = await self._wait_for_capacity()
@@ -347,13 +361,13 @@ class Worker:
                 messages = await self._receive(min(SQS_MAX_RECEIVE_BATCH, free))
             except Exception as exc:
                 metrics.SQS_ERRORS.labels("receive").inc()
+                error_delay = errors.next()
                 log.warning("receive_failed", error=f"{type(exc).__name__}: {exc}"[:300],
-                            retry_in_s=error_delay)
+                            retry_in_s=round(error_delay, 3))
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), error_delay)
-                error_delay = min(error_delay * 2, 10.0)
                 continue
-            error_delay = 0.5
+            errors.reset()
             if messages is None:
                 break
             if messages:
