@@ -12,9 +12,9 @@ from orchestrator.control import Control
 from orchestrator.fleet import FleetView
 from orchestrator.views import ControlError
 from worker.access import policy_from
+from worker.db import pool_from_settings
 from worker.queue import SqsQueue
 from worker.settings import Settings
-from worker.store import create_pool
 from worker.workflow import Registry
 
 ACTIONS = ("cancel", "retry", "restart", "approve", "reject")
@@ -110,9 +110,7 @@ class DatabaseBackend:
         if self._control is None:
             settings = self.settings
             try:
-                pool = await create_pool(settings.database_url or "", min_size=1, max_size=2,
-                                         statement_cache_size=settings.db_statement_cache_size,
-                                         connect_timeout_s=settings.db_connect_timeout_s)
+                pool = await pool_from_settings(settings, min_size=1, max_size=2)
             except Exception as exc:
                 raise BackendError("cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: "
                                    f"{type(exc).__name__}: {exc}") from None

@@ -190,8 +190,8 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
     from orchestrator.cli import fail, require, settings_from
     from orchestrator.purge import PurgeReport, parse_age, parse_retention
     from orchestrator.purge import purge as run_purge
+    from worker.db import pool_from_settings
     from worker.residency import DEFAULT_REGION
-    from worker.store import create_pool
 
     settings = require(settings_from(), "database_url")
     ages: dict[str | None, timedelta]
@@ -212,8 +212,7 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
         reports = []
         for region, dsn in sorted(settings.store_map.items()):
             try:
-                pool = await create_pool(dsn, min_size=1, max_size=1,
-                                         statement_cache_size=settings.db_statement_cache_size)
+                pool = await pool_from_settings(settings, dsn=dsn, min_size=1, max_size=1)
             except Exception as exc:
                 fail(f"cannot reach the PostgreSQL store of region {region!r}: "
                      f"{type(exc).__name__}")

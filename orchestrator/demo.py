@@ -26,11 +26,12 @@ import asyncpg
 
 from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
 from orchestrator.starter import start_workflow
+from worker.db import connect, create_pool
 from worker.envelope import canonical_json, state_hash
 from worker.migrate import migrate
 from worker.queue import SqsQueue, create_fifo_queue_pair
 from worker.samples import pipeline
-from worker.store import Store, create_pool
+from worker.store import Store
 
 RUN_DEADLINE_S = 600
 VISIBILITY_S = 10
@@ -149,7 +150,7 @@ def phase_outcomes(log_dir: Path) -> Counter[str]:
 
 
 async def summarize(dsn: str, total: int, log_dir: Path) -> tuple[list[str], bool]:
-    connection = await asyncpg.connect(dsn)
+    connection = await connect(dsn)
     try:
         runs = await connection.fetch("SELECT workflow_id, status, next_seq FROM workflow_runs")
         checkpoints = await connection.fetch(
@@ -236,7 +237,7 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
         await start_runs(dsn, queue_url, endpoint, runs)
         started = time.monotonic()
         killed = not kill
-        connection = await asyncpg.connect(dsn)
+        connection = await connect(dsn)
         try:
             while True:
                 lines, done = await progress_lines(connection, runs, fleet, started)

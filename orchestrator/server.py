@@ -23,10 +23,11 @@ from orchestrator.exporter import QueueDepthExporter
 from orchestrator.fleet import FleetView
 from orchestrator.relay import Relay
 from worker.access import policy_from
+from worker.db import pool_from_settings
 from worker.queue import SqsQueue
 from worker.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
 from worker.settings import Settings
-from worker.store import Store, create_pool
+from worker.store import Store
 from worker.workflow import Registry
 
 log = structlog.get_logger("phasegate.orchestrator")
@@ -91,10 +92,8 @@ class Orchestrator:
 
     async def run(self) -> None:
         settings = self.settings
-        pool = await create_pool(settings.database_url or "", min_size=1,
-                                 max_size=max(2, settings.db_pool_max),
-                                 statement_cache_size=settings.db_statement_cache_size,
-                                 connect_timeout_s=settings.db_connect_timeout_s)
+        pool = await pool_from_settings(settings, min_size=1,
+                                        max_size=max(2, settings.db_pool_max))
         fleet = FleetView.from_environment(deployment=self.options.fleet_deployment,
                                            namespace=self.options.fleet_namespace)
         regional_pools = contextlib.AsyncExitStack()

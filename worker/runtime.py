@@ -21,6 +21,7 @@ import structlog
 
 from worker import metrics, redact
 from worker.batcher import MicroBatcher
+from worker.db import pool_from_settings
 from worker.emergency import EmergencyController
 from worker.faults import Faults
 from worker.limits import SQS_MAX_RECEIVE_BATCH
@@ -35,7 +36,7 @@ from worker.startup import (
     check_schema,
     one_line,
 )
-from worker.store import Store, create_pool
+from worker.store import Store
 from worker.transition import (
     Action,
     PhaseTransition,
@@ -260,11 +261,7 @@ class Worker:
             waiting_for = []
             if self.store is None:
                 try:
-                    pool = await create_pool(
-                        self.settings.database_url or "", min_size=self.settings.db_pool_min,
-                        max_size=self.settings.db_pool_max,
-                        statement_cache_size=self.settings.db_statement_cache_size,
-                        connect_timeout_s=self.settings.db_connect_timeout_s)
+                    pool = await pool_from_settings(self.settings)
                     stack.push_async_callback(pool.close)
                     # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
