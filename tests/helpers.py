@@ -16,6 +16,7 @@ from typing import Any
 import aioboto3
 import asyncpg
 
+from worker.db import connect
 from worker.queue import SqsQueue, create_fifo_queue_pair
 from worker.runtime import Worker
 from worker.settings import Settings
@@ -104,7 +105,7 @@ async def queue_for(settings: Settings, url: str | None = None) -> AsyncIterator
 
 
 async def fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(database_url)
+    connection = await connect(database_url)
     try:
         return list(await connection.fetch(sql, *args))
     finally:
@@ -112,7 +113,7 @@ async def fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]
 
 
 async def fetchval(database_url: str, sql: str, *args: Any) -> Any:
-    connection = await asyncpg.connect(database_url)
+    connection = await connect(database_url)
     try:
         return await connection.fetchval(sql, *args)
     finally:

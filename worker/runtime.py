@@ -34,6 +34,7 @@ from worker.startup import (
     PermanentStartupError,
     StartupError,
     check_schema,
+    log_fifo_quota,
     one_line,
 )
 from worker.store import Store
@@ -282,14 +283,15 @@ class Worker:
                 # policy grants exactly sqs:SendMessage there (README, "IAM roles").
                 try:
                     assert self.queue is not None
-                    fifo = await self.queue.is_fifo()
+                    attributes = await self.queue.fifo_attributes()
                 except Exception as exc:
                     waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
                 else:
-                    if not fifo:
+                    if attributes.get("FifoQueue") != "true":
                         raise PermanentStartupError(
                             "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
                             "phasegate needs per-workflow ordering; create a .fifo queue")
+                    log_fifo_quota(attributes)
             if not waiting_for:
                 assert self.store is not None
                 await check_schema(self.store)
