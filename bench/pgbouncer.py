@@ -78,6 +78,9 @@ def config_text(*, listen_port: int, upstream_host: str, upstream_port: int, wor
         # A client waits for a free server connection instead of failing, as in production.
         "query_wait_timeout = 60",
         "server_reset_query =",
+        # After a failed server login PgBouncer waits this long before trying again (15 s by
+        # default): a database restart would stall every client for that long.
+        "server_login_retry = 1",
         "ignore_startup_parameters = extra_float_digits",
         f"logfile = {workdir}/pgbouncer.log",
         f"pidfile = {workdir}/pgbouncer.pid",

@@ -153,6 +153,15 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- if and .Values.orchestrator.fleetView.enabled (eq (include "phasegate.serviceAccountName" (dict "ctx" . "component" "orchestrator")) "default") }}
 {{- fail "orchestrator.fleetView.enabled binds a Role to the orchestrator's ServiceAccount, which would be the namespace's \"default\" one (granting every pod that uses it): set serviceAccounts.orchestrator.create or serviceAccounts.orchestrator.name, or set orchestrator.fleetView.enabled false" }}
 {{- end }}
+{{- $db := .Values.database }}
+{{- if and (eq $db.pooler "none") (gt (int $db.connectionBudget) 0) }}
+{{- $workers := ternary .Values.worker.replicas .Values.autoscaling.maxReplicas (eq .Values.autoscaling.mode "none") }}
+{{- $orchestrator := mul .Values.orchestrator.replicas (max 2 $db.poolMax) }}
+{{- $total := add (mul $workers $db.poolMax) $orchestrator }}
+{{- if gt (int $total) (int $db.connectionBudget) }}
+{{- fail (printf "database.pooler is none, and %d workers x database.poolMax %d + the orchestrator's %d = %d connections exceed database.connectionBudget (%d): put PgBouncer (transaction mode) or RDS Proxy in front and set database.pooler transaction, or lower autoscaling.maxReplicas or database.poolMax" (int $workers) (int $db.poolMax) (int $orchestrator) (int $total) (int $db.connectionBudget)) }}
+{{- end }}
+{{- end }}
 {{- $pi := .Values.autoscaling.keda.podIdentity }}
 {{- if and $pi.roleArn (eq $pi.identityOwner "workload") }}
 {{- fail "autoscaling.keda.podIdentity: roleArn and identityOwner=workload are mutually exclusive" }}
