@@ -294,8 +294,16 @@ class Worker:
                     log_fifo_quota(attributes)
             if not waiting_for:
                 assert self.store is not None
-                await check_schema(self.store)
-                return
+                try:
+                    await check_schema(self.store)
+                    return
+                except StartupError:
+                    raise
+                except Exception as exc:
+                    # Behind a pooler the pool opens without any server connection, so the
+                    # first query is where a restarting database shows (found by the chaos
+                    # run through PgBouncer: a worker exited 1 here).
+                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if time.monotonic() > deadline:
                 raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
                                    f"waiting for {', '.join(waiting_for)}")
