@@ -35,13 +35,14 @@ class Costs:
     """Measured per-transition costs (``python -m bench.poolers --transitions 4000
     --concurrency 8 --rounds 3`` on the 2-core build machine, pgbouncer/nocache mode)."""
 
-    # Server-connection seconds per transition: 6 server connections / 356 transitions/s
+    # Server-connection seconds per transition: 6 server connections / 320 transitions/s
     # through PgBouncer. An upper bound: the client shared the 2 cores with the server.
-    db_server_s: float = 6 / 356
+    db_server_s: float = 6 / 320
     # Transactions per transition seen by pg_stat_database (each read is its own).
     commits: float = 2.0
-    # WAL per transition (1 KB state, checkpoint + run + outbox rows and their indexes); the
-    # server-wide LSN delta, so an upper bound.
+    # WAL per transition (1 KB state, checkpoint + run + outbox rows and their indexes): the
+    # largest of the runs (medians 6.8-9.6 KB), from the server-wide LSN delta, so an upper
+    # bound.
     wal_bytes: float = 12_600
 
 
