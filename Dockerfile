@@ -12,6 +12,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml requirements-constraints.txt README.md ./
+# phasegate/ holds the shared core and the links phasegate/worker -> ../worker and
+# phasegate/orchestrator -> ../orchestrator; the build copies the planes through them.
+COPY phasegate ./phasegate
 COPY worker ./worker
 COPY orchestrator ./orchestrator
 RUN /opt/venv/bin/pip install -c requirements-constraints.txt . \

@@ -22,7 +22,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-from worker.limits import (
+from phasegate.limits import (
     SQS_FIFO_CALLS_PER_S,
     SQS_FIFO_HT_CALLS_PER_S_MAX,
     SQS_FIFO_HT_CALLS_PER_S_PER_GROUP,

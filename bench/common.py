@@ -27,8 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
-from worker.migrate import migrate
+from phasegate.migrate import migrate
+from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

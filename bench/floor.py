@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from bench.workload import PAYLOAD
-from worker.queue import Outgoing, Received
+from phasegate.queue import Outgoing, Received
 
 UPSERT = """
 INSERT INTO bench_floor (workflow_id, seq, state) VALUES ($1, $2, $3::jsonb)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.embedded import free_port
+from phasegate.orchestrator.embedded import free_port
 
 BINARY_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 SERVER_POOL = 6

@@ -31,15 +31,15 @@ from typing import Any
 from bench.common import Databases, machine
 from bench.pgbouncer import PgBouncer
 from bench.workload import PAYLOAD, noop_workflow, on_last_phase
-from orchestrator.embedded import local_aws_env
-from worker.db import Pooler, create_pool
-from worker.envelope import start_message
-from worker.fake_queue import InMemoryFifoQueue
-from worker.queue import Outgoing
-from worker.runtime import Worker
-from worker.settings import Settings
-from worker.store import Store
-from worker.workflow import Registry
+from phasegate.db import Pooler, create_pool
+from phasegate.envelope import start_message
+from phasegate.orchestrator.embedded import local_aws_env
+from phasegate.queue import Outgoing
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.worker.fake_queue import InMemoryFifoQueue
+from phasegate.worker.runtime import Worker
+from phasegate.workflow import Registry
 
 MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
                                          ("pgbouncer", "transaction"), ("pgbouncer", "none"))

@@ -5,9 +5,10 @@
 
 Fills a throwaway database (created on the server at --dsn, $PHASEGATE_BENCH_DATABASE_URL,
 127.0.0.1:5432 if it answers, else a local cluster started here), migrates it, then times the
-orchestrator's own code paths (``orchestrator.views.Views``: query + asyncpg + response model)
-one call at a time on one connection. Writes bench/results/queries-<timestamp>.json and
-prints a Markdown table. Each read must stay under 5 ms p50.
+orchestrator's own code paths (``phasegate.orchestrator.views.Views``: query + asyncpg +
+response model) one call at a time on one connection. Writes
+bench/results/queries-<timestamp>.json and prints a Markdown table. Each read must stay under
+5 ms p50.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import asyncpg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.embedded import EmbeddedPostgres  # noqa: E402  (after the path tweak)
-from orchestrator.views import Views  # noqa: E402
-from worker.migrate import migrate  # noqa: E402
+from phasegate.migrate import migrate  # noqa: E402
+from phasegate.orchestrator.embedded import EmbeddedPostgres  # noqa: E402  (after the path tweak)
+from phasegate.orchestrator.views import Views  # noqa: E402
 
 TARGET_P50_MS = 5.0
 WORKFLOWS = ["storm-intel", "ingest", "agent-run", "report", "backfill"]
@@ -114,9 +115,9 @@ async def fill(dsn: str, runs: int, per_run: int) -> dict[str, Any]:
 
 
 async def plans(pool: asyncpg.Pool, sample_id: str) -> dict[str, str]:
-    from orchestrator.sql import queries
+    from phasegate.sql import queries
 
-    q = queries()
+    q = queries("control.sql")
     statements = {
         "status": (q["get_run"], [sample_id]),
         "list": (q["list_runs"].replace("/*filters*/", ""), [50]),

@@ -42,11 +42,11 @@ from bench.chaos.runner import MotoProcess
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
 from bench.common import Databases
 from bench.pgbouncer import PgBouncer
-from orchestrator.embedded import free_port, local_aws_env
-from orchestrator.starter import start_workflow
-from worker.db import create_pool
-from worker.queue import SqsQueue, create_fifo_queue_pair
-from worker.store import Store
+from phasegate.db import create_pool
+from phasegate.orchestrator.embedded import free_port, local_aws_env
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.queue import SqsQueue, create_fifo_queue_pair
+from phasegate.store import Store
 
 ROUTES = ("direct", "pgbouncer")
 VISIBILITY_S = 10
@@ -70,7 +70,7 @@ def _env(dsn: str, urls: tuple[str, str], endpoint: str, downstream: str,
 def _orchestrator(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
     log = open(log_dir / "orchestrator.log", "wb")  # noqa: SIM115 - the child owns it
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--port", str(free_port()),
+        [sys.executable, "-m", "phasegate.cli", "orchestrator", "--port", str(free_port()),
          "--exporter-interval", "5"],
         env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=log, stderr=log)
     log.close()

@@ -48,15 +48,15 @@ from bench.common import (
 )
 from bench.floor import Floor, SqsFloorQueue, floor_message
 from bench.workload import FAILOVER_PHASE_S, PAYLOAD, noop_workflow, on_last_phase
-from orchestrator.embedded import free_port, local_aws_env
-from worker.envelope import start_message
-from worker.fake_queue import InMemoryFifoQueue
-from worker.queue import Outgoing, SqsQueue, create_fifo_queue_pair
-from worker.runtime import Worker
-from worker.settings import Settings
-from worker.sql import queries
-from worker.store import Store, create_pool
-from worker.workflow import Registry
+from phasegate.envelope import start_message
+from phasegate.orchestrator.embedded import free_port, local_aws_env
+from phasegate.queue import Outgoing, SqsQueue, create_fifo_queue_pair
+from phasegate.settings import Settings
+from phasegate.sql import queries
+from phasegate.store import Store, create_pool
+from phasegate.worker.fake_queue import InMemoryFifoQueue
+from phasegate.worker.runtime import Worker
+from phasegate.workflow import Registry
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -569,7 +569,7 @@ def main() -> None:
 
 def _quiet_logs() -> None:
     """The worker logs as in production (JSON, info: one line per phase), into /dev/null."""
-    from worker.logs import configure_logging
+    from phasegate.logs import configure_logging
 
     real = sys.stderr
     sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process

@@ -35,13 +35,13 @@ import asyncpg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.embedded import EmbeddedSqs, local_aws_env  # noqa: E402
-from orchestrator.starter import start_workflow  # noqa: E402
+from phasegate.migrate import migrate  # noqa: E402
+from phasegate.orchestrator.embedded import EmbeddedSqs, local_aws_env  # noqa: E402
+from phasegate.orchestrator.starter import start_workflow  # noqa: E402
 from tests import workflows_pressure  # noqa: E402
 from tests.cgroup_sandbox import CgroupSandbox, log_events  # noqa: E402
 from tests.conftest import TEST_TABLES, with_database  # noqa: E402
 from tests.helpers import create_queues, make_settings, queue_for, store_for  # noqa: E402
-from worker.migrate import migrate  # noqa: E402
 
 MiB = 1 << 20
 

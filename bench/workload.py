@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 # The state every transition writes: ~1 KB of JSON, the same bytes the floor upserts.
 PAYLOAD: dict[str, Any] = {"doc": "x" * 960, "n": 0}

@@ -8,10 +8,10 @@ __all__ = ["start_workflow"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so `phasegate worker` can install its early SIGTERM handler (orchestrator/cli.py)
+    # Lazy, so `phasegate worker` can install its early SIGTERM handler (phasegate/cli.py)
     # before the heavy imports (aioboto3) instead of after them.
     if name == "start_workflow":
-        from orchestrator.starter import start_workflow
+        from phasegate.orchestrator.starter import start_workflow
 
         return start_workflow
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

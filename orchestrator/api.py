@@ -16,10 +16,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 
-from orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
-from orchestrator.control import Control, Outcome
-from orchestrator.fleet import Fleet, FleetView
-from orchestrator.views import (
+from phasegate.access import ROLE_PATTERN
+from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
+from phasegate.orchestrator.control import Control, Outcome
+from phasegate.orchestrator.fleet import Fleet, FleetView
+from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
     Invalid,
@@ -28,8 +29,8 @@ from orchestrator.views import (
     StallReport,
     SummaryRow,
 )
-from worker.access import ROLE_PATTERN
-from worker.queue import Queue
+from phasegate.queue import Queue
+from phasegate.sql import queries
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
@@ -227,7 +228,8 @@ async def queue_state(services: Services) -> QueueState:
 async def readiness_problems(services: Services) -> list[str]:
     problems = []
     try:
-        await asyncio.wait_for(services.control.pool.fetchval("SELECT 1"), READY_TIMEOUT_S)
+        ping = queries("schema.sql")["ping"]
+        await asyncio.wait_for(services.control.pool.fetchval(ping), READY_TIMEOUT_S)
     except Exception as exc:
         problems.append(f"postgres: {type(exc).__name__}")
     queue = await queue_state(services)

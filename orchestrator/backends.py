@@ -8,14 +8,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from orchestrator.control import Control
-from orchestrator.fleet import FleetView
-from orchestrator.views import ControlError
-from worker.access import policy_from
-from worker.db import pool_from_settings
-from worker.queue import SqsQueue
-from worker.settings import Settings
-from worker.workflow import Registry
+from phasegate.access import policy_from
+from phasegate.db import pool_from_settings
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.orchestrator.views import ControlError
+from phasegate.queue import SqsQueue
+from phasegate.settings import Settings
+from phasegate.workflow import Registry
 
 ACTIONS = ("cancel", "retry", "restart", "approve", "reject")
 
@@ -133,7 +133,7 @@ class DatabaseBackend:
         return self._runner.run(call())
 
     def summary(self) -> dict[str, Any]:
-        from orchestrator.api import QueueState, Services, queue_state
+        from phasegate.orchestrator.api import QueueState, Services, queue_state
 
         async def get(control: Control) -> dict[str, Any]:
             rows = await control.views.summary()

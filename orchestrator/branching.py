@@ -16,11 +16,12 @@ from typing import Any
 import asyncpg
 import structlog
 
-from orchestrator.views import Conflict, NotFound
-from worker.branches import sql, tree_rows_to_json
-from worker.envelope import MAIN_BRANCH, dedup_id, phase_message
-from worker.queue import Outgoing, Queue
-from worker.store import Store
+from phasegate.branches import sql, tree_rows_to_json
+from phasegate.envelope import MAIN_BRANCH, dedup_id, phase_message
+from phasegate.orchestrator.views import Conflict, NotFound
+from phasegate.queue import Outgoing, Queue
+from phasegate.sql import queries
+from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.branching")
 
@@ -39,8 +40,7 @@ async def supervisor_merge(pool: asyncpg.Pool, queue: Queue | None, workflow_id:
     async with pool.acquire() as connection, connection.transaction():
         fork = await connection.fetchrow(sql()["open_fork_lock"], workflow_id)
         if fork is None:
-            if not await connection.fetchval(
-                    "SELECT 1 FROM workflow_runs WHERE workflow_id = $1", workflow_id):
+            if not await connection.fetchval(queries("control.sql")["run_exists"], workflow_id):
                 raise NotFound(f"no workflow run with id {workflow_id!r}")
             raise Conflict(f"cannot merge run {workflow_id}: it has no open fork (its branches "
                            "were merged already, or it never forked)")

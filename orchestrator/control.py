@@ -18,15 +18,15 @@ from typing import Any
 import asyncpg
 import structlog
 
-from orchestrator.sql import queries
-from orchestrator.starter import StartError, start_workflow
-from orchestrator.views import Conflict, Invalid, NotFound, Run, Views
-from worker.access import ReadPolicy
-from worker.envelope import dedup_id, message_group_id, phase_message
-from worker.queue import Outgoing, Queue
-from worker.residency import DEFAULT_REGION, RegionalStore, StoreRouter
-from worker.store import Store
-from worker.workflow import Registry
+from phasegate.access import ReadPolicy
+from phasegate.envelope import dedup_id, message_group_id, phase_message
+from phasegate.orchestrator.starter import StartError, start_workflow
+from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
+from phasegate.queue import Outgoing, Queue
+from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
+from phasegate.sql import queries
+from phasegate.store import Store
+from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.control")
 
@@ -85,7 +85,7 @@ class Control:
         self.stores = stores
         self.store: Store = stores if stores is not None else RegionalStore(pool)
         self._scoped: dict[str, Control] = {}
-        self._q = queries()
+        self._q = queries("control.sql")
 
     def in_store(self, store: RegionalStore) -> Control:
         """This control plane over one regional store (the default store: itself)."""
@@ -214,7 +214,7 @@ class Control:
 
     async def merge(self, workflow_id: str, branch: str, reason: str | None = None) -> Outcome:
         """Supervisor merge: promote ``branch``'s state to the main chain at the merge seq."""
-        from orchestrator.branching import supervisor_merge
+        from phasegate.orchestrator.branching import supervisor_merge
 
         sent = await supervisor_merge(self.pool, self.queue, workflow_id, branch, _clip(reason),
                                       self.actor)
@@ -222,7 +222,7 @@ class Control:
 
     async def branches(self, workflow_id: str) -> list[dict[str, Any]]:
         """The run's forks and branches (``phasegate inspect --tree``)."""
-        from orchestrator.branching import branch_tree
+        from phasegate.orchestrator.branching import branch_tree
 
         await self.views.get_run(workflow_id)
         return await branch_tree(self.pool, workflow_id)

@@ -13,8 +13,8 @@ from contextlib import suppress
 import structlog
 from prometheus_client import Counter, Gauge
 
-from orchestrator.views import Views
-from worker.queue import Queue, QueueDepth
+from phasegate.orchestrator.views import Views
+from phasegate.queue import Queue, QueueDepth
 
 log = structlog.get_logger("phasegate.exporter")
 

@@ -8,29 +8,18 @@ A run's own ``retention`` (when set) can only keep it longer than the global age
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import asyncpg
 import structlog
 
-from orchestrator.sql import queries
+from phasegate.retention import parse_age, parse_retention
+from phasegate.sql import queries
 
 log = structlog.get_logger("phasegate.purge")
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_age(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` -> timedelta. Raises ValueError."""
-    match = _AGE.match(text.lower())
-    if not match:
-        raise ValueError(f"{text!r} is not an age like 7d, 12h, 30m, 90s or 2w")
-    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
-
+__all__ = ["PurgeReport", "parse_age", "parse_retention", "purge"]
 
 @dataclass
 class PurgeReport:
@@ -43,26 +32,6 @@ class PurgeReport:
     batch_sizes: list[int] = field(default_factory=list)
 
 
-def parse_retention(text: str) -> dict[str, timedelta]:
-    """``PHASEGATE_RETENTION_BY_CLASSIFICATION`` (``{"public": "7d", "regulated": "30d"}``)
-    -> {classification: age}. Raises ValueError."""
-    from worker.residency import CLASSIFICATIONS
-
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raise ValueError('must be a JSON object like {"public": "7d", "regulated": "30d"}') \
-            from None
-    if not isinstance(raw, dict) or not raw:
-        raise ValueError("must be a non-empty JSON object of classification -> age")
-    ages = {}
-    for classification, age in raw.items():
-        if classification not in CLASSIFICATIONS:
-            raise ValueError(f"{classification!r} is not one of {list(CLASSIFICATIONS)}")
-        ages[classification] = parse_age(str(age))
-    return ages
-
-
 async def purge(pool: asyncpg.Pool, older_than: timedelta, *, batch_size: int = 500,
                 dry_run: bool = False, max_batches: int | None = None,
                 classification: str | None = None) -> PurgeReport:
@@ -70,7 +39,7 @@ async def purge(pool: asyncpg.Pool, older_than: timedelta, *, batch_size: int = 
     ``classification``, only runs of that classification."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    q = queries()
+    q = queries("control.sql")
     report = PurgeReport(dry_run=dry_run, older_than=older_than)
     if dry_run:
         row = await pool.fetchrow(q["purge_count"], older_than, classification)

@@ -16,9 +16,9 @@ from contextlib import suppress
 
 import structlog
 
-from worker import metrics
-from worker.queue import Outgoing, Queue, QueueError
-from worker.store import Store
+from phasegate import metrics
+from phasegate.queue import Outgoing, Queue, QueueError
+from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.relay")
 

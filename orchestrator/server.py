@@ -17,18 +17,18 @@ from dataclasses import dataclass
 import structlog
 import uvicorn
 
-from orchestrator.api import Services, create_app
-from orchestrator.control import Control
-from orchestrator.exporter import QueueDepthExporter
-from orchestrator.fleet import FleetView
-from orchestrator.relay import Relay
-from worker.access import policy_from
-from worker.db import pool_from_settings
-from worker.queue import SqsQueue
-from worker.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
-from worker.settings import Settings
-from worker.store import Store
-from worker.workflow import Registry
+from phasegate.access import policy_from
+from phasegate.db import pool_from_settings
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.exporter import QueueDepthExporter
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.orchestrator.relay import Relay
+from phasegate.queue import SqsQueue
+from phasegate.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.orchestrator")
 

@@ -8,12 +8,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from worker.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
-from worker.queue import Outgoing, Queue
-from worker.residency import ResidencyError, residency
-from worker.storable import UnstorableValue, check_storable, check_storable_size
-from worker.store import Store
-from worker.workflow import Registry, Workflow
+from phasegate.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
+from phasegate.queue import Outgoing, Queue
+from phasegate.residency import ResidencyError, residency
+from phasegate.storable import UnstorableValue, check_storable, check_storable_size
+from phasegate.store import Store
+from phasegate.workflow import Registry, Workflow
 
 
 class StartError(ValueError):
@@ -53,7 +53,7 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         raise StartError("workflow id must be 1-100 chars of [A-Za-z0-9_.:-] and opaque "
                          "(SQS does not encrypt ids)")
     try:
-        # What jsonb cannot hold is refused here, before the run row (worker/storable.py).
+        # What jsonb cannot hold is refused here, before the run row (phasegate/storable.py).
         check_storable(input, where="input")
         check_storable_size(canonical_json(input), where="input")
     except UnstorableValue as exc:

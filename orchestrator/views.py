@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel
 
-from orchestrator.sql import queries
-from worker import access
-from worker.access import ReadPolicy
+from phasegate import access
+from phasegate.access import ReadPolicy
+from phasegate.sql import queries
 
 UNFINISHED = ("pending", "running", "awaiting_review")
 STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
@@ -161,7 +161,7 @@ class Views:
         self.pool = pool
         self.policy = policy
         self.actor = actor
-        self._q = queries()
+        self._q = queries("control.sql")
 
     async def get_run(self, workflow_id: str) -> Run:
         row = await self.pool.fetchrow(self._q["get_run"], workflow_id)
@@ -198,7 +198,7 @@ class Views:
                           after: int = 0, limit: int = 1000,
                           role: str | None = None) -> CheckpointPage:
         """A run's checkpoints; with ``include_state``, each state as the read policy allows
-        for ``role`` -- every read and denial goes to the access log (worker/access.py)."""
+        for ``role`` -- every read and denial goes to the access log (phasegate/access.py)."""
         if not 1 <= limit <= MAX_CHECKPOINTS:
             raise Invalid(f"limit must be between 1 and {MAX_CHECKPOINTS}")
         run = await self.get_run(workflow_id)

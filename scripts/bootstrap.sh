@@ -38,7 +38,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-constr
     echo "installation failed (full log: $log)" >&2
     exit 1
   fi
-  .venv/bin/python -c 'import worker, orchestrator, moto, pytest' \
+  .venv/bin/python -c 'import phasegate.worker, phasegate.orchestrator, phasegate.cli, moto, pytest' \
     || { echo "installation failed" >&2; exit 1; }
   touch "$stamp"
 fi

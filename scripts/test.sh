@@ -7,9 +7,13 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 
 echo "== ruff"
-.venv/bin/ruff check worker orchestrator tests bench docs
+.venv/bin/ruff check phasegate worker orchestrator tests bench docs
 echo "== mypy (strict)"
-.venv/bin/mypy worker orchestrator
+.venv/bin/mypy phasegate
+echo "== import layers (import-linter)"
+# The contracts in pyproject.toml: the core imports neither plane, the planes never import each
+# other, only the CLI wires both, and nothing imports worker/orchestrator as top-level packages.
+.venv/bin/lint-imports
 echo "== docs (mkdocs build --strict)"
 # A broken link or anchor, a missing page or an undescribed setting fails here. The site goes to a
 # throwaway directory; NO_MKDOCS_2_WARNING silences Material's notice about MkDocs 2.

@@ -24,9 +24,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from phasegate.settings import Settings
+from phasegate.worker import cgroups
 from tests.helpers import ROOT, settings_env
-from worker import cgroups
-from worker.settings import Settings
 
 
 class SandboxUnavailable(Exception):
@@ -121,7 +121,7 @@ def spawn_logged_worker(settings: Settings, *, modules: str, log_path: Path,
     env = {**os.environ, **settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": modules,
            "PHASEGATE_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT), **(extra_env or {})}
     script = 'for f in "$@"; do echo $$ > "$f" || exit 97; done; exec "$PG_PY" -m ' \
-             'orchestrator.cli worker'
+             'phasegate.cli worker'
     env["PG_PY"] = sys.executable
     argv = ["/bin/sh", "-c", script, "sh", *[str(p) for p in cgroup_procs or []]]
     with open(log_path, "ab") as log:

@@ -19,9 +19,9 @@ import asyncpg
 import pytest
 
 from bench.pgbouncer import PgBouncer
-from orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
-from worker.migrate import migrate
-from worker.settings import Settings
+from phasegate.migrate import migrate
+from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
+from phasegate.settings import Settings
 
 os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
 

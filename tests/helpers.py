@@ -16,12 +16,12 @@ from typing import Any
 import aioboto3
 import asyncpg
 
-from worker.db import connect
-from worker.queue import SqsQueue, create_fifo_queue_pair
-from worker.runtime import Worker
-from worker.settings import Settings
-from worker.store import Store, create_pool
-from worker.workflow import Registry
+from phasegate.db import connect
+from phasegate.queue import SqsQueue, create_fifo_queue_pair
+from phasegate.settings import Settings
+from phasegate.store import Store, create_pool
+from phasegate.worker.runtime import Worker
+from phasegate.workflow import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,10 +140,10 @@ async def send_raw(settings: Settings, body: str | dict[str, Any], *, group: str
 
 def spawn_worker(settings: Settings, *, modules: str = "tests.workflows",
                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A real worker OS process (``python -m orchestrator.cli worker``)."""
+    """A real worker OS process (``python -m phasegate.cli worker``)."""
     env = {**os.environ, **settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": modules,
            "PHASEGATE_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "phasegate.cli", "worker"], env=env,
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

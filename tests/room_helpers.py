@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.settings import Settings
+from phasegate.worker.examples.fake_api import FakeApi
+from phasegate.workflow import Workflow
 from tests import workflows, workflows_room
 from tests.helpers import fetch, fetchval, make_settings, queue_for, store_for
-from worker.examples.fake_api import FakeApi
-from worker.settings import Settings
-from worker.workflow import Workflow
 
 
 @pytest.fixture(name="api")
@@ -88,7 +88,7 @@ async def notes(settings: Settings, wid: str, phase: str) -> list[str]:
 
 async def review_decision(settings: Settings, wid: str, action: str) -> None:
     """approve/reject through the orchestrator's control plane (what the API and CLI call)."""
-    from orchestrator.control import Control
+    from phasegate.orchestrator.control import Control
 
     async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
         control = Control(store.pool, queue, None, actor="test")

@@ -11,8 +11,8 @@ import asyncio
 import os
 from typing import Any
 
-from worker import Context, NonRetryableError, Workflow
-from worker.db import connect
+from phasegate import Context, NonRetryableError, Workflow
+from phasegate.db import connect
 
 LEDGER_DSN: str | None = None
 

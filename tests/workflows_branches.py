@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from phasegate import Context, Workflow
 from tests.workflows import record, wait_gate
-from worker import Context, Workflow
 
 # -- fan-out / fan-in: split -> (work -> refine) x N -> combine -> publish -------------------
 

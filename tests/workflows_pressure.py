@@ -20,8 +20,8 @@ import asyncio
 import os
 from typing import Any, BinaryIO
 
+from phasegate import Context, Workflow
 from tests.workflows import record, wait_gate
-from worker import Context, Workflow
 
 CHUNK = 1 << 20
 

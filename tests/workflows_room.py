@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from phasegate import Context, NonRetryableError, Workflow
+from phasegate.worker.examples.fake_api import ApiClient
 from tests.workflows import record
-from worker import Context, NonRetryableError, Workflow
-from worker.examples.fake_api import ApiClient
 
 API_URL: str | None = None
 

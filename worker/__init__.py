@@ -1,6 +1,5 @@
-"""phasegate worker: the runtime that runs phases, and the SDK workflows are written with."""
+"""phasegate's data plane: the runtime that receives phase messages, runs one phase and commits it.
 
-from worker.context import Context
-from worker.workflow import NonRetryableError, Registry, Workflow, WorkflowDefinitionError
-
-__all__ = ["Context", "NonRetryableError", "Registry", "Workflow", "WorkflowDefinitionError"]
+Imports only the shared core (``phasegate.*``), never the control plane. Workflows are written
+with the SDK face, ``from phasegate import Workflow, Context``.
+"""

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from worker.limits import SQS_MAX_BATCH_ENTRIES
+from phasegate.limits import SQS_MAX_BATCH_ENTRIES
 
 T = TypeVar("T")
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import Counter, Histogram
 
-from worker.watchdog import PressureEvent, WatchdogSettings
+from phasegate.worker.watchdog import PressureEvent, WatchdogSettings
 
 if TYPE_CHECKING:
-    from worker.runtime import Worker
+    from phasegate.worker.runtime import Worker
 
 log = structlog.get_logger("phasegate.emergency")
 

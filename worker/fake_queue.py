@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from worker.limits import SQS_DEDUP_WINDOW_SECONDS, SQS_MAX_RECEIVE_BATCH
-from worker.queue import Outgoing, QueueDepth, QueueError, Received
+from phasegate.limits import SQS_DEDUP_WINDOW_SECONDS, SQS_MAX_RECEIVE_BATCH
+from phasegate.queue import Outgoing, QueueDepth, QueueError, Received
 
 
 @dataclass

@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from worker.envelope import MAIN_BRANCH, Envelope, canonical_json
-from worker.queue import Received
-from worker.steps import LedgerUnavailable
-from worker.storable import UnstorableValue, check_storable, check_storable_size
-from worker.tiers import Grade, Tier, grade
-from worker.workflow import NonRetryableError, Phase, Workflow
+from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json
+from phasegate.queue import Received
+from phasegate.steps import LedgerUnavailable
+from phasegate.storable import UnstorableValue, check_storable, check_storable_size
+from phasegate.tiers import Grade, Tier, grade
+from phasegate.workflow import NonRetryableError, Phase, Workflow
 
 if TYPE_CHECKING:
-    from worker.context import Context
+    from phasegate.context import Context
 
 # Crashes of the transition itself (not of a phase) on one message before it is quarantined
 # and its run failed. Three: one crash may be a passing fault, the same crash three times on

@@ -19,17 +19,18 @@ from typing import Any
 
 import structlog
 
-from worker import metrics, redact
-from worker.batcher import MicroBatcher
-from worker.db import pool_from_settings
-from worker.emergency import EmergencyController
-from worker.faults import Faults
-from worker.limits import SQS_MAX_RECEIVE_BATCH
-from worker.probes import ProbeServer
-from worker.queue import Outgoing, Queue, QueueError, Received, SqsQueue
-from worker.residency import StoreRouter, stores_from_settings
-from worker.settings import Settings
-from worker.startup import (
+from phasegate import metrics, redact
+from phasegate.db import pool_from_settings
+from phasegate.faults import Faults
+from phasegate.limits import SQS_MAX_RECEIVE_BATCH
+from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
+from phasegate.residency import StoreRouter, stores_from_settings
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.emergency import EmergencyController
+from phasegate.worker.probes import ProbeServer
+from phasegate.worker.startup import (
     PERMANENT_DB_ERRORS,
     PermanentStartupError,
     StartupError,
@@ -37,15 +38,14 @@ from worker.startup import (
     log_fifo_quota,
     one_line,
 )
-from worker.store import Store
-from worker.transition import (
+from phasegate.worker.transition import (
     Action,
     PhaseTransition,
     Settlement,
     TransitionConfig,
 )
-from worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
-from worker.workflow import Registry
+from phasegate.worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
+from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.worker")
 

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 import asyncpg
 import structlog
 
-from worker.limits import fifo_quota
-from worker.sql import migration_files
-from worker.store import Store
+from phasegate.limits import fifo_quota
+from phasegate.migrate import schema_version
+from phasegate.sql import migration_files
+from phasegate.store import Store
 
 __all__ = ["PERMANENT_DB_ERRORS", "PermanentStartupError", "StartupError", "check_schema",
            "log_fifo_quota", "one_line"]
@@ -38,9 +39,7 @@ def one_line(exc: BaseException) -> str:
 
 async def check_schema(store: Store) -> None:
     newest = migration_files()[-1][0]
-    exists = await store.pool.fetchval("SELECT to_regclass('phasegate_migrations') IS NOT NULL")
-    current = await store.pool.fetchval(
-        "SELECT coalesce(max(version), 0) FROM phasegate_migrations") if exists else 0
+    current = await schema_version(store.pool)
     if current < newest:
         raise StartupError(f"database schema is at version {current}, this worker "
                            f"needs {newest}: run `phasegate migrate` first")

@@ -22,9 +22,8 @@ import asyncpg
 import structlog
 from pydantic import ValidationError
 
-from worker import metrics, redact, residency, tracing
-from worker.batcher import MicroBatcher
-from worker.branches import (
+from phasegate import metrics, redact, residency, tracing
+from phasegate.branches import (
     BranchPosition,
     BranchResult,
     ForkPlan,
@@ -34,21 +33,29 @@ from worker.branches import (
     load_branch,
     merge_input,
 )
-from worker.branches import halt as halt_branch
-from worker.branches import record_failure as record_branch_failure
-from worker.context import Context
-from worker.door import Door, Halt
-from worker.door import enter as enter_door
-from worker.door import settle as settle_door
-from worker.envelope import (
+from phasegate.branches import halt as halt_branch
+from phasegate.branches import record_failure as record_branch_failure
+from phasegate.context import Context
+from phasegate.door import Door, Halt
+from phasegate.door import enter as enter_door
+from phasegate.door import settle as settle_door
+from phasegate.envelope import (
     MAIN_BRANCH,
     WORKFLOW_ID_PATTERN,
     Envelope,
     phase_message,
     state_hash,
 )
-from worker.faults import Faults
-from worker.guards import (
+from phasegate.faults import Faults
+from phasegate.queue import Outgoing, Queue, QueueError, Received
+from phasegate.staleness import Observations
+from phasegate.steps import PostgresLedger, Steps, StepScope
+from phasegate.storable import UnstorableValue
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
+from phasegate.tiers import PhaseOutcome, decide
+from phasegate.versions import Corrupt, NeedsRestart, load_verified
+from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.guards import (
     MAX_TRANSITION_CRASHES,
     Failed,
     attempt,
@@ -57,14 +64,7 @@ from worker.guards import (
     refused_start,
     storable,
 )
-from worker.queue import Outgoing, Queue, QueueError, Received
-from worker.staleness import Observations
-from worker.steps import PostgresLedger, Steps, StepScope
-from worker.storable import UnstorableValue
-from worker.store import OutboxRow, PhaseCommit, RunPosition, Store
-from worker.tiers import PhaseOutcome, decide
-from worker.versions import Corrupt, NeedsRestart, load_verified
-from worker.workflow import Registry, Workflow
+from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
 
@@ -199,7 +199,7 @@ class PhaseTransition:
                             workflow: Workflow) -> Settlement:
         if envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
-        # A branch (worker/branches.py) has its own position; main's is the run row.
+        # A branch (phasegate/branches.py) has its own position; main's is the run row.
         position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
                           if envelope.branch == MAIN_BRANCH
                           else load_branch(self.store, envelope.workflow_id, envelope.branch))
@@ -229,7 +229,7 @@ class PhaseTransition:
         state = await self.load_state(position, workflow)
         if isinstance(state, Settlement):
             return state
-        # Inside the room: a re-run, a review decision, a staleness check (worker/door.py).
+        # Inside the room: a re-run, a review decision, a staleness check (phasegate/door.py).
         door = await enter_door(self.store, workflow, position, envelope.branch,
                                 self.config.stale_after_s)
         if isinstance(door, Halt):
@@ -397,7 +397,7 @@ class PhaseTransition:
                                commit: PhaseCommit, position: RunPosition,
                                fork: ForkPlan | None, started: float,
                                commit_started: float) -> Settlement:
-        """A fork, or a phase in a branch (worker/branches.py commits; the fan-in is decided
+        """A fork, or a phase in a branch (phasegate/branches.py commits; the fan-in is decided
         inside the branch's commit transaction). Then every message it left is sent."""
         with tracing.commit_span(envelope) as span:
             if isinstance(position, BranchPosition):
@@ -452,7 +452,7 @@ class PhaseTransition:
         body_bytes = len(message.body.encode())
         try:
             with tracing.send_span("dlq"):
-                # Never the input or unknown fields: see worker/redact.py.
+                # Never the input or unknown fields: see phasegate/redact.py.
                 await self.dlq.send([Outgoing(
                     redact.dlq_body(message.body, poison.code),
                     message.group_id or "quarantine",

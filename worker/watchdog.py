@@ -37,8 +37,8 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker import cgroups
-from worker.cgroups import CgroupPaths, MemorySample
+from phasegate.worker import cgroups
+from phasegate.worker.cgroups import CgroupPaths, MemorySample
 
 log = structlog.get_logger("phasegate.watchdog")
 

@@ -52,7 +52,7 @@ class Fleet:
         path = self.log_dir / f"{name}.log"
         log = open(path, "wb")  # noqa: SIM115 - the child owns it; closed when we exit
         env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT), **extra}
-        process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+        process = subprocess.Popen([sys.executable, "-m", "phasegate.cli", *args], env=env,
                                    cwd=ROOT, stdout=log, stderr=log)
         log.close()
         return process, path

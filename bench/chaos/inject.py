@@ -25,8 +25,8 @@ from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import PHASES, chaos
-from orchestrator.embedded import EmbeddedPostgres
-from worker.envelope import dedup_id, phase_message, start_message
+from phasegate.envelope import dedup_id, phase_message, start_message
+from phasegate.orchestrator.embedded import EmbeddedPostgres
 
 if TYPE_CHECKING:
     from bench.chaos.runner import ChaosRun

@@ -41,15 +41,15 @@ from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
 from bench.pgbouncer import PgBouncer
-from orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
-from orchestrator.starter import start_workflow
-from worker.migrate import migrate
-from worker.queue import SqsQueue, create_fifo_queue_pair
-from worker.store import Store, create_pool
+from phasegate.migrate import migrate
+from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.queue import SqsQueue, create_fifo_queue_pair
+from phasegate.store import Store, create_pool
 
 VISIBILITY_S = 4
 MAX_UNFINISHED = 150  # runs started but not completed, at most (the producer waits)
-MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (worker/queue.py)
+MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (phasegate/queue.py)
 
 
 @dataclass

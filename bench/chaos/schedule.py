@@ -12,7 +12,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 
-# Kill points inside the worker (worker/faults.py): each worker incarnation is armed with one
+# Kill points inside the worker (phasegate/faults.py): each worker incarnation is armed with one
 # of these as ``point@N`` and restarted after it fires.
 KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "after_commit",
                "after_send")

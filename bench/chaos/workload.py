@@ -15,13 +15,13 @@ from typing import Any
 
 import aiohttp
 
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 DOWNSTREAM_ENV = "PHASEGATE_CHAOS_DOWNSTREAM_URL"
 PHASES = ("plan", "fetch", "transform", "write", "publish")
 STEP_NAME = "effect"
 LONG_PHASE_S = 6.0  # > the chaos run's 4 s visibility timeout
-FIRST_STEP_SEQ = 1  # steps are numbered 1, 2, ... in call order (worker/steps.py)
+FIRST_STEP_SEQ = 1  # steps are numbered 1, 2, ... in call order (phasegate/steps.py)
 
 chaos = Workflow("chaos", schema_version=1)
 chaos_other = Workflow("chaos-other", schema_version=1)

@@ -4,7 +4,7 @@
 SQS server, so the page cannot drift from what phasegate does.
 """
 
-from worker import Context, NonRetryableError, Workflow
+from phasegate import Context, NonRetryableError, Workflow
 
 orders = Workflow("order-receipt", schema_version=1)
 

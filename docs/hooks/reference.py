@@ -2,10 +2,10 @@
 
 mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a generated block
 with a marker line such as ``<!-- phasegate:settings -->``; :func:`on_page_markdown` replaces
-it. Sources: the pydantic settings models (``worker.settings.Settings``,
-``worker.watchdog.WatchdogSettings``), the envelope model (``worker.envelope.Envelope``), the
-FastAPI app (``orchestrator.api.create_app``), the click app (``orchestrator.cli.main``) and the
-chart's ``values.yaml``.
+it. Sources: the pydantic settings models (``phasegate.settings.Settings``,
+``phasegate.worker.watchdog.WatchdogSettings``), the envelope model
+(``phasegate.envelope.Envelope``), the FastAPI app (``phasegate.orchestrator.api.create_app``),
+the click app (``phasegate.cli.main``) and the chart's ``values.yaml``.
 
 Run as a script to rewrite the exported files ``docs/reference/envelope-v1.schema.json`` and
 ``docs/reference/openapi.json``; ``tests/unit/test_docs.py`` fails while they are stale::
@@ -75,7 +75,7 @@ MEANINGS: dict[str, str] = {
     "log_format": "`auto` = JSON unless stderr is a TTY",
     "api_host": "Orchestrator API listen address (`--host`)",
     "api_port": "Orchestrator API port (`--port`)",
-    "faults": "**TEST ONLY** — SIGKILL at named points (`worker/faults.py`); never set in "
+    "faults": "**TEST ONLY** — SIGKILL at named points (`phasegate/faults.py`); never set in "
               "production",
     "fault_seed": "**TEST ONLY** — seed for `PHASEGATE_FAULTS`",
     # WatchdogSettings
@@ -86,8 +86,8 @@ MEANINGS: dict[str, str] = {
 
 
 def settings_models() -> list[tuple[str, type[Any], str]]:
-    from worker.settings import ENV_PREFIX, Settings
-    from worker.watchdog import WatchdogSettings
+    from phasegate.settings import ENV_PREFIX, Settings
+    from phasegate.worker.watchdog import WatchdogSettings
 
     return [("Settings", Settings, ENV_PREFIX),
             ("WatchdogSettings", WatchdogSettings, "PHASEGATE_WATCHDOG_")]
@@ -165,7 +165,7 @@ def settings_markdown() -> str:
 
 
 def envelope_schema() -> dict[str, Any]:
-    from worker.envelope import Envelope
+    from phasegate.envelope import Envelope
 
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -177,7 +177,7 @@ def envelope_schema() -> dict[str, Any]:
 
 
 def openapi_document() -> dict[str, Any]:
-    from orchestrator.api import create_app
+    from phasegate.orchestrator.api import create_app
 
     # The document depends only on the routes; the services are used when a request is served.
     services = types.SimpleNamespace(control=None, queue=None, fleet=None)
@@ -276,7 +276,7 @@ def _option_row(param: Any) -> str:
 def cli_markdown() -> str:
     import click
 
-    from orchestrator.cli import main
+    from phasegate.cli import main
 
     out: list[str] = []
     for path, command in _walk(main, ["phasegate"]):

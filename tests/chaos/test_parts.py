@@ -8,10 +8,10 @@ import pytest
 from bench.chaos.pg_proxy import classify
 from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
 from bench.chaos.workload import expected_key
-from worker.faults import POINTS
-from worker.sql import queries
-from worker.steps import LedgerUnavailable, _StorePool, idempotency_key
-from worker.transition import DATABASE_DOWN
+from phasegate.faults import POINTS
+from phasegate.sql import queries
+from phasegate.steps import LedgerUnavailable, _StorePool, idempotency_key
+from phasegate.worker.transition import DATABASE_DOWN
 
 
 def test_same_seed_same_schedule_and_every_kind_scheduled() -> None:
@@ -99,7 +99,7 @@ def test_a_worker_stopped_while_still_importing_exits_cleanly(after_s: float) ->
            "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload", "PHASEGATE_METRICS_PORT": "0",
            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
            "AWS_DEFAULT_REGION": "us-east-1"}
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "phasegate.cli", "worker"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(after_s)  # the fault itself: when the SIGTERM lands
     process.send_signal(signal.SIGTERM)
@@ -140,7 +140,7 @@ def test_a_worker_stopped_while_its_dependencies_hang_stops_at_once() -> None:
            "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload", "PHASEGATE_METRICS_PORT": "0",
            "PHASEGATE_DB_CONNECT_TIMEOUT_S": "30", "AWS_ACCESS_KEY_ID": "local",
            "AWS_SECRET_ACCESS_KEY": "local"}
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "phasegate.cli", "worker"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(3)  # the fault itself: the SIGTERM lands while a probe hangs

@@ -136,7 +136,7 @@ def test_token_mounted_on_the_orchestrator_only(scenario, rendered):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_fleet_variables_name_the_rendered_worker_deployment(scenario, rendered):
-    from orchestrator.cli_control import orchestrator as orchestrator_command
+    from phasegate.cli_control import orchestrator as orchestrator_command
 
     r = rendered[scenario]
     env = fleet_env(r)
@@ -235,7 +235,7 @@ def apiserver(rendered) -> Iterator[tuple[chart.Rendered, AuthorizingApiServer]]
 
 
 async def test_the_fleet_view_reads_the_fleet_with_the_rendered_rbac(apiserver):
-    from orchestrator.fleet import FleetView
+    from phasegate.orchestrator.fleet import FleetView
 
     r, server = apiserver
     env = fleet_env(r)
@@ -254,7 +254,7 @@ async def test_the_fleet_view_reads_the_fleet_with_the_rendered_rbac(apiserver):
 
 
 async def test_without_the_token_the_fleet_view_is_forbidden_and_says_so(apiserver):
-    from orchestrator.fleet import FleetView
+    from phasegate.orchestrator.fleet import FleetView
 
     r, server = apiserver
     view = FleetView.for_host(server.url, namespace=chart.NAMESPACE,

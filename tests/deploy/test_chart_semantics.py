@@ -81,7 +81,7 @@ def test_prometheus_adapter_rule_serves_the_hpa_metric(rendered):
 
 def test_hpa_metric_is_what_the_orchestrator_exports(rendered):
     """The HPA's metric name and state selector match the exporter's gauge and label values."""
-    from orchestrator.exporter import QUEUE_MESSAGES
+    from phasegate.orchestrator.exporter import QUEUE_MESSAGES
 
     (family,) = QUEUE_MESSAGES.collect()
     assert family.name == EXPORTED_QUEUE_METRIC

@@ -11,7 +11,7 @@ import boto3
 import pytest
 import yaml
 
-from orchestrator.embedded import EmbeddedSqs
+from phasegate.orchestrator.embedded import EmbeddedSqs
 from tests.deploy import chart
 
 LOCALSTACK = chart.ROOT / "localstack"

@@ -1,12 +1,12 @@
 """The chart speaks the package's settings contract: every PHASEGATE_* variable it sets is a
-field of worker.settings.Settings, and what each container gets loads without error."""
+field of phasegate.settings.Settings, and what each container gets loads without error."""
 
 from __future__ import annotations
 
 import pytest
 
+from phasegate.settings import ENV_PREFIX, Settings, load_settings
 from tests.deploy import chart
-from worker.settings import ENV_PREFIX, Settings, load_settings
 
 SCENARIOS = [p.name.removesuffix("-values.yaml") for p in chart.scenarios()]
 DUMMY_DSN = "postgresql://user@db:5432/phasegate"
@@ -15,7 +15,7 @@ DUMMY_DSN = "postgresql://user@db:5432/phasegate"
 def command_options(container: dict) -> set[str]:
     """Variables the container's `phasegate` command reads as options, not as Settings
     (e.g. `phasegate orchestrator --fleet-deployment`, PHASEGATE_FLEET_DEPLOYMENT)."""
-    from orchestrator.cli import main
+    from phasegate.cli import main
 
     command = main.commands[container["args"][0]]
     names: set[str] = set()

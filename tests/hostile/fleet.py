@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from phasegate.settings import Settings
 from tests.helpers import ROOT, fetch, fetchval, queue_for, settings_env
-from worker.settings import Settings
 
 MODULES = "tests.hostile.workflows_hostile"
 # In every hostile input: it must never come out anywhere phasegate writes.
@@ -37,7 +37,7 @@ class Fleet:
         for path in self.logs:
             with open(path, "ab") as log:
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "orchestrator.cli", "worker"], env=env, cwd=ROOT,
+                    [sys.executable, "-m", "phasegate.cli", "worker"], env=env, cwd=ROOT,
                     stdout=subprocess.DEVNULL, stderr=log))
 
     def alive(self) -> list[int | None]:

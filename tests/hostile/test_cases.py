@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.starter import start_workflow
+from phasegate.envelope import canonical_json, phase_message, state_hash
+from phasegate.orchestrator.starter import start_workflow
 from tests.helpers import all_done, fetch, fetchval, queue_for, store_for, wait_for
 from tests.hostile import workflows_hostile as hw
 from tests.hostile.fleet import (
@@ -18,7 +19,6 @@ from tests.hostile.fleet import (
     runs,
     send,
 )
-from worker.envelope import canonical_json, phase_message, state_hash
 
 
 async def start(settings, workflow, input):
@@ -124,7 +124,7 @@ async def test_strict_envelope_and_group(settings, tmp_path):
         # Its run's group is its id: another group would let two of its phases run at once.
         "other-group": ({"v": 1, "kind": "start", "workflow_id": "g-1", "workflow": "good"},
                         "somebody-else", "group_mismatch"),
-        # A branch's group is workflow_id/branch (worker/envelope.py message_group_id).
+        # A branch's group is workflow_id/branch (phasegate/envelope.py message_group_id).
         "branch-bare": ({"v": 1, "kind": "phase", "workflow_id": wid, "workflow": "good",
                          "seq": 1, "phase": "two", "branch": "b1"}, wid, "group_mismatch"),
     }

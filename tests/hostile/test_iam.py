@@ -23,12 +23,12 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from orchestrator.embedded import free_port
+from phasegate.envelope import start_message
+from phasegate.orchestrator.embedded import free_port
+from phasegate.queue import create_fifo_queue_pair
 from tests.helpers import ROOT, all_done, fetchval, make_settings, settings_env, wait_for
 from tests.hostile.fleet import Fleet
 from tests.integration.test_api_server import insert_stranded_successor, spawn_orchestrator
-from worker.envelope import start_message
-from worker.queue import create_fifo_queue_pair
 
 ACCOUNT, REGION = "123456789012", "us-east-1"  # moto's default account
 # Calls made before enforcement starts: 3 to create the queue pair, then create_user,
@@ -161,7 +161,7 @@ def spawn_relay(settings: Any, keys: dict[str, str], log_path: Path) -> subproce
     env = {**os.environ, **settings_env(settings), "PHASEGATE_LOG_FORMAT": "json",
            "PYTHONPATH": str(ROOT), **keys}
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "relay"], cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-m", "phasegate.cli", "relay"], cwd=ROOT,
                                 env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 

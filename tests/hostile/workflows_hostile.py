@@ -8,7 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
-from worker import Context, Workflow
+from phasegate import Context, Workflow
 
 exits = Workflow("exits")
 

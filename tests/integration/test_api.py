@@ -14,17 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.control import Control
-from orchestrator.fleet import FleetView
+from phasegate import Context, NonRetryableError, Workflow
+from phasegate.envelope import dedup_id
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.queue import SqsQueue
+from phasegate.settings import Settings
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import fetch, fetchval, make_settings, queue_for, running_worker, wait_for
-from worker import Context, NonRetryableError, Workflow
-from worker.envelope import dedup_id
-from worker.queue import SqsQueue
-from worker.settings import Settings
-from worker.store import create_pool
-from worker.workflow import Registry
 
 # -- a workflow whose middle phase fails until a test opens its gate ---------------------------
 

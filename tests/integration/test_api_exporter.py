@@ -9,12 +9,12 @@ import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from orchestrator.exporter import QueueDepthExporter
-from orchestrator.views import Views
+from phasegate.orchestrator.exporter import QueueDepthExporter
+from phasegate.orchestrator.views import Views
+from phasegate.queue import SqsQueue
+from phasegate.settings import Settings
+from phasegate.store import create_pool
 from tests.helpers import fetch, make_settings, queue_for, send_raw, wait_for
-from worker.queue import SqsQueue
-from worker.settings import Settings
-from worker.store import create_pool
 
 
 def sample(name: str, **labels: str) -> float:

@@ -13,13 +13,13 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.control import Control
-from orchestrator.fleet import FleetView
+from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.fleet import FleetView
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests.helpers import queue_for
 from tests.json_server import JsonServer
-from worker.store import create_pool
-from worker.workflow import Registry
 
 SELECTOR = {"app.kubernetes.io/name": "phasegate", "app.kubernetes.io/component": "worker"}
 CONTAINER = {"name": "worker", "image": "phasegate:1"}

@@ -11,13 +11,13 @@ import sys
 import httpx
 import pytest
 
-from orchestrator.embedded import free_port
-from orchestrator.server import OrchestratorOptions, running_orchestrator
+from phasegate.envelope import phase_message
+from phasegate.orchestrator.embedded import free_port
+from phasegate.orchestrator.server import OrchestratorOptions, running_orchestrator
+from phasegate.settings import Settings
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import ROOT, fetch, fetchval, make_settings, settings_env, wait_for
-from worker.envelope import phase_message
-from worker.settings import Settings
-from worker.workflow import Registry
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def spawn_orchestrator(settings: Settings, port: int | None, *args: str,
     env = {**os.environ, **settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows",
            "PHASEGATE_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT), **(extra_env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "orchestrator",
+        [sys.executable, "-m", "phasegate.cli", "orchestrator",
          *(["--port", str(port)] if port is not None else []), "--exporter-interval", "0.2",
          *args],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

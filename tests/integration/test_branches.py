@@ -8,8 +8,9 @@ import signal
 
 import pytest
 
-from orchestrator.relay import Relay
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -24,7 +25,6 @@ from tests.helpers import (
     wait_for,
 )
 from tests.workflows_branches import fanout
-from worker.workflow import Registry
 
 REGISTRY = Registry([fanout])
 

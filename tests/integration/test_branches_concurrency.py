@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from tests.helpers import fetch, fetchval, store_for, wait_for
-from tests.workflows_branches import pair
-from worker.branches import (
+from phasegate.branches import (
     BranchPosition,
     Committed,
     ForkPlan,
@@ -24,8 +22,10 @@ from worker.branches import (
     load_branch,
     plan_fork,
 )
-from worker.envelope import canonical_json, phase_message, start_message, state_hash
-from worker.store import PhaseCommit, Store
+from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
+from phasegate.store import PhaseCommit, Store
+from tests.helpers import fetch, fetchval, store_for, wait_for
+from tests.workflows_branches import pair
 
 ROUNDS = 10
 

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
-from orchestrator.control import Control
-from orchestrator.starter import start_workflow
-from orchestrator.views import Conflict
+from phasegate.cli import main
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.orchestrator.views import Conflict
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -28,8 +30,6 @@ from tests.helpers import (
     wait_for,
 )
 from tests.workflows_branches import fanout, speculate
-from worker.store import create_pool
-from worker.workflow import Registry
 
 REGISTRY = Registry([fanout, speculate])
 

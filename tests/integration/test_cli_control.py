@@ -12,12 +12,12 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from orchestrator.cli import main
-from orchestrator.embedded import free_port
+from phasegate.cli import main
+from phasegate.envelope import canonical_json, state_hash
+from phasegate.orchestrator.embedded import free_port
+from phasegate.settings import Settings
 from tests.helpers import fetch, fetchval, make_settings, queue_for, settings_env
 from tests.integration.test_api_server import spawn_orchestrator
-from worker.envelope import canonical_json, state_hash
-from worker.settings import Settings
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from tests.helpers import ROOT, make_settings, settings_env
 def phasegate(*args: str, env: dict[str, str] | None = None,
               timeout: float = 60) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PHASEGATE_")}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args],
+    return subprocess.run([sys.executable, "-m", "phasegate.cli", *args],
                           env={**clean, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -52,7 +52,7 @@ async def test_unimportable_workflow_module_names_the_setting(database_url, queu
 
 async def test_database_down_worker_waits_then_says_what_it_waited_for(queue_pair,
                                                                        sqs_endpoint):
-    from orchestrator.embedded import free_port
+    from phasegate.orchestrator.embedded import free_port
 
     down = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
     env = settings_env(make_settings(down, queue_pair, sqs_endpoint,
@@ -66,7 +66,7 @@ async def test_database_down_worker_waits_then_says_what_it_waited_for(queue_pai
 
 
 async def test_migrate_against_a_down_database_is_a_clear_error():
-    from orchestrator.embedded import free_port
+    from phasegate.orchestrator.embedded import free_port
 
     done = phasegate("migrate", env={
         "PHASEGATE_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/x"})

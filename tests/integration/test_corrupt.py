@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from phasegate.workflow import Registry
 from tests import workflows_room
 from tests.helpers import fetch, running_worker, wait_for
 from tests.integration.test_versions import a_run_left_by_release_1, release
@@ -17,7 +18,6 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.workflow import Registry
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -19,7 +20,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.workflow import Registry
 
 pytestmark = pytest.mark.slow
 

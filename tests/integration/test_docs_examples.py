@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+from phasegate.steps import idempotency_key
+from phasegate.workflow import Registry
 from tests.helpers import all_done, fetch, running_worker, wait_for
 from tests.room_helpers import start
-from worker.steps import idempotency_key
-from worker.workflow import Registry
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 

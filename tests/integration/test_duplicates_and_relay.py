@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.relay import Relay
-from orchestrator.starter import start_workflow
+from phasegate.envelope import phase_message, start_message
+from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -17,8 +19,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.envelope import phase_message, start_message
-from worker.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from orchestrator.starter import start_workflow
+from phasegate.envelope import canonical_json
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -18,8 +20,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.envelope import canonical_json
-from worker.workflow import Registry
 
 REGISTRY = Registry([workflows.chain])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from phasegate.migrate import migrate
+from phasegate.sql import migration_files
 from tests.helpers import fetch, fetchval
-from worker.migrate import migrate
-from worker.sql import migration_files
 
 
 async def test_from_empty_then_again_is_a_no_op(empty_database_url):

@@ -1,28 +1,99 @@
-"""A plain (non-editable) build ships everything a worker needs, SQL included."""
+"""A plain (non-editable) build ships one import package, ``phasegate``, with everything a worker
+needs (SQL included), and nothing named ``worker`` or ``orchestrator`` at the top level.
+
+The development venv holds an editable install whose finder maps ``phasegate`` to this checkout,
+so the other tests run the source tree by design. This test is the one that proves the built
+artifact: it installs the wheel into a fresh venv and imports it from outside the checkout.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import sysconfig
+import venv
 import zipfile
 from pathlib import Path
 
+from phasegate.sql import migration_files
 from tests.helpers import ROOT
-from worker.sql import migration_files
+
+SQL_FILES = ("queries", "branches", "governance", "control", "schema", "demo")
 
 
-def test_wheel_contains_packages_sql_and_console_script(tmp_path: Path) -> None:
+def build_wheel(out: Path) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, check=False)
+         "-w", str(out), str(ROOT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    wheel = next(tmp_path.glob("phasegate-*.whl"))
+    return next(out.glob("phasegate-*.whl"))
+
+
+def test_wheel_contains_one_package_sql_and_console_script(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"worker/sql/queries.sql", "orchestrator/sql/queries.sql"} <= names
+    assert {f"phasegate/sql/{name}.sql" for name in SQL_FILES} <= names
     for version, name, _ in migration_files():
-        assert f"worker/sql/migrations/{version:04d}_{name}.sql" in names
-    assert {"worker/__init__.py", "orchestrator/cli.py", "worker/py.typed"} <= names
+        assert f"phasegate/sql/migrations/{version:04d}_{name}.sql" in names
+    assert {"phasegate/__init__.py", "phasegate/cli.py", "phasegate/py.typed",
+            "phasegate/worker/__init__.py", "phasegate/worker/runtime.py",
+            "phasegate/worker/py.typed", "phasegate/orchestrator/__init__.py",
+            "phasegate/orchestrator/api.py", "phasegate/orchestrator/py.typed"} <= names
+    tops = {name.split("/", 1)[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"phasegate"}
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "phasegate = orchestrator.cli:main" in text
-    assert not any(n.startswith("tests/") for n in names)
+    assert "phasegate = phasegate.cli:main" in text
+
+
+# Run by the fresh venv's interpreter from a directory outside the checkout.
+PROBE = """
+import importlib.util, json, pathlib, sys
+import phasegate, phasegate.cli, phasegate.worker.runtime, phasegate.orchestrator.api
+from phasegate import Context, NonRetryableError, Workflow
+print(json.dumps({
+    "phasegate": phasegate.__file__,
+    "runtime": phasegate.worker.runtime.__file__,
+    "api": phasegate.orchestrator.api.__file__,
+    "worker_dir_is_link": pathlib.Path(phasegate.worker.__file__).parent.is_symlink(),
+    "orchestrator_dir_is_link":
+        pathlib.Path(phasegate.orchestrator.__file__).parent.is_symlink(),
+    "top_level": [name for name in ("worker", "orchestrator")
+                  if importlib.util.find_spec(name) is not None],
+    "sdk": [Workflow.__module__, Context.__module__, NonRetryableError.__module__],
+}))
+"""
+
+
+def test_fresh_venv_imports_the_installed_package_only(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip())
+    # The wheel goes in with this venv's pip (no network, no dependencies); the third-party
+    # dependencies come from the development venv through a plain path line, which does not run
+    # that venv's .pth files, so its editable finder for this checkout stays out.
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+         "--target", str(site), str(wheel)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    probe = subprocess.run([str(python), "-I", "-c", PROBE], cwd=outside,
+                           capture_output=True, text=True, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    for key in ("phasegate", "runtime", "api"):
+        assert found[key].startswith(str(site)), (key, found[key])
+    assert found["runtime"] == str(site / "phasegate" / "worker" / "runtime.py")
+    assert not found["worker_dir_is_link"] and not found["orchestrator_dir_is_link"]
+    installed = site / "phasegate" / "worker"
+    assert installed.is_dir() and not installed.is_symlink()
+    assert found["top_level"] == []
+    assert not (site / "worker").exists() and not (site / "orchestrator").exists()
+    assert found["sdk"] == ["phasegate.workflow", "phasegate.context", "phasegate.workflow"]

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from orchestrator.starter import start_workflow
+from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.workflow import Registry, Workflow
 from tests import workflows
 from tests.helpers import (
     all_done,
@@ -19,8 +21,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker.envelope import canonical_json, phase_message, start_message, state_hash
-from worker.workflow import Registry, Workflow
 
 REGISTRY = Registry([workflows.chain, workflows.flaky, workflows.broken])
 
@@ -77,7 +77,7 @@ async def test_every_kind_of_poison_is_quarantined_and_work_continues(settings):
                 break
             bodies += [m.body for m in batch]
     # The DLQ gets the routing fields only; input and unparseable bodies are digested
-    # (worker/redact.py).
+    # (phasegate/redact.py).
     assert len(bodies) == len(POISON)
     for body in bodies:
         assert "secret-ish" not in body and "@x.com" not in body

@@ -14,13 +14,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from bench.pgbouncer import PgBouncer
-from orchestrator.starter import start_workflow
+from phasegate.db import connect, create_pool
+from phasegate.migrate import migrate
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.sql import migration_files
+from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import all_done, make_settings, queue_for, running_worker, store_for, wait_for
-from worker.db import connect, create_pool
-from worker.migrate import migrate
-from worker.sql import migration_files
-from worker.workflow import Registry
 
 CLIENTS = 24  # four times the server pool: server connections really are shared
 

@@ -13,8 +13,19 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY as METRICS
 
-from orchestrator.purge import purge_by_classification
-from orchestrator.starter import StartError, start_workflow
+from phasegate import Workflow
+from phasegate.envelope import start_message
+from phasegate.orchestrator.purge import purge_by_classification
+from phasegate.orchestrator.starter import StartError, start_workflow
+from phasegate.residency import (
+    RegionalStore,
+    ResidencyError,
+    StoreRouter,
+    residency,
+    stores_from_settings,
+)
+from phasegate.store import PhaseCommit, create_pool
+from phasegate.workflow import Registry
 from tests.conftest import throwaway_database
 from tests.helpers import (
     ROOT,
@@ -26,17 +37,6 @@ from tests.helpers import (
     send_raw,
     wait_for,
 )
-from worker import Workflow
-from worker.envelope import start_message
-from worker.residency import (
-    RegionalStore,
-    ResidencyError,
-    StoreRouter,
-    residency,
-    stores_from_settings,
-)
-from worker.store import PhaseCommit, create_pool
-from worker.workflow import Registry
 
 resident = Workflow("resident")
 
@@ -253,7 +253,7 @@ def test_a_bad_stores_setting_exits_2_naming_the_variable(value, problem):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEGATE_")}
     env.update({"PHASEGATE_STORES": value, "PHASEGATE_DATABASE_URL": "postgresql://x/y",
                 "PYTHONPATH": str(ROOT)})
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "migrate"], env=env,
+    result = subprocess.run([sys.executable, "-m", "phasegate.cli", "migrate"], env=env,
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "PHASEGATE_STORES" in result.stderr and problem in result.stderr

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from phasegate.workflow import Registry
 from tests import workflows_room
 from tests.helpers import all_done, running_worker, wait_for
 from tests.room_helpers import (  # noqa: F401 (fixtures)
@@ -20,7 +21,6 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.workflow import Registry
 
 REGISTRY = Registry([workflows_room.watcher])
 

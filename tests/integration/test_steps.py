@@ -8,6 +8,8 @@ import signal
 
 import pytest
 
+from phasegate.steps import delivery_key, idempotency_key
+from phasegate.workflow import Registry
 from tests import workflows_room
 from tests.helpers import all_done, fetch, running_worker, spawn_worker, stop_process, wait_for
 from tests.room_helpers import (  # noqa: F401 (fixtures)
@@ -18,8 +20,6 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.steps import delivery_key, idempotency_key
-from worker.workflow import Registry
 
 REGISTRY = Registry([workflows_room.writer, workflows_room.deliverer, workflows_room.bad_step])
 

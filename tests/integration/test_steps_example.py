@@ -3,11 +3,11 @@ documented against the fake external API, real PostgreSQL and a real SQS server.
 
 from __future__ import annotations
 
+from phasegate.steps import delivery_key, idempotency_key
+from phasegate.worker.examples import agent
+from phasegate.workflow import Registry
 from tests.helpers import all_done, fetch, running_worker, wait_for
 from tests.room_helpers import api_fixture, checkpoints, settings_fixture, start  # noqa: F401
-from worker.examples import agent
-from worker.steps import delivery_key, idempotency_key
-from worker.workflow import Registry
 
 
 async def test_the_support_agent_example(settings, api, monkeypatch):

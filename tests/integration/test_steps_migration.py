@@ -3,9 +3,9 @@ previous release with runs in flight, and leaves those runs as they were."""
 
 from __future__ import annotations
 
+from phasegate.envelope import canonical_json, state_hash
+from phasegate.migrate import migrate
 from tests.helpers import fetch, fetchval
-from worker.envelope import canonical_json, state_hash
-from worker.migrate import migrate
 
 
 async def test_0002_applies_over_a_v1_database_with_a_run_in_flight(empty_database_url):

@@ -3,6 +3,8 @@ are decided through the orchestrator's control plane (approve / reject)."""
 
 from __future__ import annotations
 
+from phasegate.steps import idempotency_key
+from phasegate.workflow import Registry
 from tests import workflows_room
 from tests.helpers import all_done, running_worker, wait_for
 from tests.room_helpers import (  # noqa: F401 (fixtures)
@@ -15,8 +17,6 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     start,
     status_is,
 )
-from worker.steps import idempotency_key
-from worker.workflow import Registry
 
 REGISTRY = Registry([workflows_room.tier_retry, workflows_room.tier_escalate,
                      workflows_room.tier_advance, workflows_room.tier_last])

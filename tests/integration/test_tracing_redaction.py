@@ -15,7 +15,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import REGISTRY as METRICS
 from prometheus_client import generate_latest
 
-from orchestrator.starter import start_workflow
+from phasegate import NonRetryableError, Workflow, tracing
+from phasegate.envelope import start_message
+from phasegate.logs import configure_logging
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.residency import RegionalStore
+from phasegate.store import create_pool
+from phasegate.workflow import Registry
 from tests.helpers import (
     all_done,
     fetch,
@@ -25,12 +31,6 @@ from tests.helpers import (
     send_raw,
     wait_for,
 )
-from worker import NonRetryableError, Workflow, tracing
-from worker.envelope import start_message
-from worker.logs import configure_logging
-from worker.residency import RegionalStore
-from worker.store import create_pool
-from worker.workflow import Registry
 
 PII = "Jane Roe jane.roe@example.com +1-555-0199"
 EMAIL = "jane.roe@example.com"

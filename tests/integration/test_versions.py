@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from phasegate import Context, Workflow
+from phasegate.cli import main
+from phasegate.envelope import canonical_json, state_hash
+from phasegate.workflow import Registry
 from tests import workflows_room
 from tests.helpers import all_done, fetch, running_worker, wait_for
 from tests.room_helpers import (  # noqa: F401 (fixtures)
@@ -23,9 +26,6 @@ from tests.room_helpers import (  # noqa: F401 (fixtures)
     status_is,
 )
 from tests.workflows import record, wait_gate
-from worker import Context, Workflow
-from worker.envelope import canonical_json, state_hash
-from worker.workflow import Registry
 
 
 def release(version: int, *, upcasts_from: tuple[int, ...] = (), hold: bool = False) -> Workflow:

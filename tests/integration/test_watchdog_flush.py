@@ -15,7 +15,12 @@ import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.worker import cgroups
+from phasegate.worker.cgroups import CgroupPaths
+from phasegate.worker.runtime import Worker
+from phasegate.worker.watchdog import WatchdogSettings
+from phasegate.workflow import Registry
 from tests import workflows, workflows_pressure
 from tests.helpers import (
     all_done,
@@ -28,11 +33,6 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from worker import cgroups
-from worker.cgroups import CgroupPaths
-from worker.runtime import Worker
-from worker.watchdog import WatchdogSettings
-from worker.workflow import Registry
 
 pytestmark = pytest.mark.asyncio
 

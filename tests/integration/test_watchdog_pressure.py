@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.starter import start_workflow
+from phasegate.orchestrator.starter import start_workflow
 from tests import workflows_pressure
 from tests.cgroup_sandbox import (
     CgroupSandbox,

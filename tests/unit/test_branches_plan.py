@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.render_tree import tree
+from phasegate import Context
+from phasegate.branches import ForkError, plan_fork
+from phasegate.orchestrator.render_tree import tree
 from tests.workflows_branches import fanout, speculate
-from worker import Context
-from worker.branches import ForkError, plan_fork
 
 
 def ctx(phase: str = "split", branch: str = "main", seq: int = 3) -> Context:

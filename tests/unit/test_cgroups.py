@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import cgroups
-from worker.cgroups import (
+from phasegate.worker import cgroups
+from phasegate.worker.cgroups import (
     CgroupMount,
     discover,
     parse_flat_keyed,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from phasegate.worker import cgroups, watchdog
+from phasegate.worker.cgroups import CgroupPaths
+from phasegate.worker.watchdog import PressureEvent, Watchdog, WatchdogSettings
 from tests.helpers import wait_for
-from worker import cgroups, watchdog
-from worker.cgroups import CgroupPaths
-from worker.watchdog import PressureEvent, Watchdog, WatchdogSettings
 
 SETTINGS = WatchdogSettings(psi_trigger=False, sample_interval_s=0.01, psi_window_us=500_000,
                             psi_stall_us=50_000, release_after_s=0.1, reflush_interval_s=60)

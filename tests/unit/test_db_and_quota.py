@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from worker.db import statement_cache_size
-from worker.limits import (
+from phasegate.db import statement_cache_size
+from phasegate.limits import (
     SQS_FIFO_CALLS_PER_S,
     SQS_FIFO_HT_CALLS_PER_S_MAX,
     SQS_FIFO_MESSAGES_PER_S_BATCHED,
     fifo_quota,
 )
-from worker.settings import SettingsError, load_settings
+from phasegate.settings import SettingsError, load_settings
 
 
 def test_behind_a_pooler_no_statement_is_cached_whatever_the_cache_setting():

@@ -15,7 +15,7 @@ from types import ModuleType
 import jsonschema
 import pytest
 
-from worker.envelope import Envelope, start_message
+from phasegate.envelope import Envelope, start_message
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -6,7 +6,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from worker.envelope import (
+from phasegate.envelope import (
     Envelope,
     canonical_json,
     dedup_id,

@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from worker.batcher import MicroBatcher
-from worker.fake_queue import InMemoryFifoQueue
-from worker.faults import Faults
-from worker.queue import Outgoing, QueueError
+from phasegate.faults import Faults
+from phasegate.queue import Outgoing, QueueError
+from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.fake_queue import InMemoryFifoQueue
 
 
 class Clock:

@@ -14,7 +14,7 @@ from kubernetes.client import (
     V1PodStatus,
 )
 
-from orchestrator.fleet import recent_terminations
+from phasegate.orchestrator.fleet import recent_terminations
 
 
 def pod(name: str, *, reason: str | None = None, last: str | None = None, exit_code: int = 1,

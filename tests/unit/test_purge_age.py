@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator.purge import parse_age
+from phasegate.retention import parse_age
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator import render
+from phasegate.orchestrator import render
 
 
 def test_table_aligns_columns_and_marks_missing_values() -> None:

@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from worker import Context, Registry, Workflow, WorkflowDefinitionError
-from worker.sql import migration_files, parse_queries, queries
+from phasegate import Context, Registry, Workflow, WorkflowDefinitionError
+from phasegate.sql import migration_files, parse_queries, queries
 
 
 def make() -> Workflow:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.settings import SettingsError, load_settings
+from phasegate.settings import SettingsError, load_settings
 
 
 def test_defaults_are_sane(monkeypatch):

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker import Context
-from worker.steps import (
+from phasegate import Context
+from phasegate.steps import (
     MemoryLedger,
     StepMismatchError,
     StepOutputError,
@@ -17,7 +17,7 @@ from worker.steps import (
     delivery_key,
     idempotency_key,
 )
-from worker.workflow import NonRetryableError
+from phasegate.workflow import NonRetryableError
 
 SCOPE = StepScope("wf_1", "main", 3, "w1")
 

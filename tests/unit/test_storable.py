@@ -1,4 +1,4 @@
-"""worker/storable.py: what jsonb can hold, refused with a pointer and never the value; and the
+"""phasegate/storable.py: what jsonb can hold, refused with a pointer and never the value; and the
 checks built on it (worker/guards.py, the strict envelope)."""
 
 from __future__ import annotations
@@ -10,8 +10,16 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from worker.envelope import Envelope, start_message
-from worker.guards import (
+from phasegate.envelope import Envelope, start_message
+from phasegate.queue import Received
+from phasegate.storable import (
+    MAX_JSON_DEPTH,
+    MAX_STATE_BYTES,
+    UnstorableValue,
+    check_storable,
+    check_storable_size,
+)
+from phasegate.worker.guards import (
     PhaseTimeout,
     call_phase,
     group_mismatch,
@@ -19,15 +27,7 @@ from worker.guards import (
     refused_start,
     storable,
 )
-from worker.queue import Received
-from worker.storable import (
-    MAX_JSON_DEPTH,
-    MAX_STATE_BYTES,
-    UnstorableValue,
-    check_storable,
-    check_storable_size,
-)
-from worker.workflow import Workflow, WorkflowDefinitionError
+from phasegate.workflow import Workflow, WorkflowDefinitionError
 
 SECRET = "s3cret-value"
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from worker import Context, Registry, Workflow, WorkflowDefinitionError
-from worker.staleness import Observations, StalenessError, approved, check, review_for
-from worker.tiers import Grade, decide, grade
-from worker.versions import NeedsRestart, build_report, format_report, upcast
+from phasegate import Context, Registry, Workflow, WorkflowDefinitionError
+from phasegate.staleness import Observations, StalenessError, approved, check, review_for
+from phasegate.tiers import Grade, decide, grade
+from phasegate.versions import NeedsRestart, build_report, format_report, upcast
 
 
 def level(n: int) -> Any:

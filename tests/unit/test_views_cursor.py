@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.control import CANCELLABLE, RULES, refuse
-from orchestrator.sql import queries
-from orchestrator.views import STATUSES, Invalid, Run, decode_cursor, encode_cursor
+from phasegate.orchestrator.control import CANCELLABLE, RULES, refuse
+from phasegate.orchestrator.views import STATUSES, Invalid, Run, decode_cursor, encode_cursor
+from phasegate.sql import queries
 
 
 def test_cursor_round_trips_with_microseconds() -> None:
@@ -40,6 +40,6 @@ def test_refusal_names_the_status_and_what_is_needed() -> None:
 
 
 def test_queries_parse_and_list_has_its_filter_marker() -> None:
-    q = queries()
+    q = queries("control.sql")
     assert {"get_run", "list_runs", "stalls", "resume_run", "cancel_run", "purge_batch"} <= set(q)
     assert "/*filters*/" in q["list_runs"]

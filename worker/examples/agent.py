@@ -6,8 +6,8 @@ and delivers a report once per batch (the receipt ledger). Tiers say how far eac
 
 Run it against the fake API (``worker/examples/fake_api.py``)::
 
-    AGENT_API_URL=http://127.0.0.1:8765 PHASEGATE_WORKFLOW_MODULES=worker.examples.agent \\
-        phasegate worker
+    AGENT_API_URL=http://127.0.0.1:8765 \\
+    PHASEGATE_WORKFLOW_MODULES=phasegate.worker.examples.agent phasegate worker
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from worker import Context, Workflow
-from worker.examples.fake_api import ApiClient
+from phasegate import Context, Workflow
+from phasegate.worker.examples.fake_api import ApiClient
 
 
 def api() -> ApiClient:

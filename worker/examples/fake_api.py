@@ -173,7 +173,7 @@ class ApiClient:
 
 
 def main() -> None:
-    """``python -m worker.examples.fake_api [PORT]``: serve the fake API until Ctrl-C."""
+    """``python -m phasegate.worker.examples.fake_api [PORT]``: serve the fake API until Ctrl-C."""
     import sys
     import time
 

@@ -1,0 +1,250 @@
+"""Settings for every phasegate process, read from ``PHASEGATE_*`` environment variables.
+
+One model serves the worker, the relay and the orchestrator; each command checks only the
+fields it needs with :meth:`Settings.require`, so a relay does not demand a metrics port and
+a worker does not demand the API host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Literal, NoReturn
+
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from phasegate.limits import (
+    SQS_MAX_LONG_POLL_SECONDS,
+    SQS_MAX_MESSAGE_BYTES,
+    SQS_MAX_VISIBILITY_TIMEOUT_SECONDS,
+)
+
+ENV_PREFIX = "PHASEGATE_"
+
+
+class SettingsError(Exception):
+    """A setting is missing or invalid; the message names the environment variable."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"invalid setting {variable}: {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+class Settings(BaseSettings):
+    """Every knob phasegate has. Field ``x`` is the env var ``PHASEGATE_X``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # -- where things are
+    database_url: str | None = None
+    queue_url: str | None = None
+    dlq_url: str | None = None
+    sqs_endpoint_url: str | None = None
+    aws_region: str | None = Field(
+        default=None,
+        description="Region for the SQS client; None falls back to the standard AWS chain.",
+    )
+
+    # -- what runs
+    workflow_modules: str = ""
+    concurrency: int = Field(default=4, ge=1, le=1000)
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    # -- the message lease
+    visibility_timeout_s: int = Field(default=30, ge=1, le=SQS_MAX_VISIBILITY_TIMEOUT_SECONDS)
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    wait_time_s: int = Field(default=20, ge=0, le=SQS_MAX_LONG_POLL_SECONDS)
+    shutdown_grace_s: float = Field(default=20.0, ge=0)
+    max_message_bytes: int = Field(default=SQS_MAX_MESSAGE_BYTES, ge=256, le=SQS_MAX_MESSAGE_BYTES)
+
+    # -- failures inside a phase
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    retry_backoff_s: float = Field(default=2.0, ge=0)
+    retry_backoff_max_s: float = Field(default=300.0, ge=0, le=SQS_MAX_VISIBILITY_TIMEOUT_SECONDS)
+    # A phase still running after this long is cancelled and counts as a failed (retryable)
+    # attempt, so a phase awaiting forever cannot hold its slot and its message forever.
+    # An hour: longer than any phase we have seen, short enough that a hung call is noticed.
+    # 0 = no limit; ``@wf.phase(name, timeout_s=...)`` overrides it per phase.
+    phase_timeout_s: float = Field(default=3600.0, ge=0)
+    # -- inside the room: a run resuming from a checkpoint older than this (database time)
+    # re-fetches the versions of the resources it observed (phasegate/staleness.py).
+    stale_after_s: float = Field(default=3600.0, ge=0)
+
+    # -- database
+    db_pool_min: int = Field(default=1, ge=0)
+    db_pool_max: int = Field(default=4, ge=1)
+    database_pooler: Literal["transaction", "none"] = Field(
+        default="transaction",
+        description="transaction: safe behind PgBouncer transaction mode / RDS Proxy (no "
+        "named prepared statements); none: a direct connection, statement cache on.",
+    )
+    db_statement_cache_size: int = Field(
+        default=100,
+        ge=0,
+        description="asyncpg prepared-statement cache; used only with "
+        "PHASEGATE_DATABASE_POOLER=none.",
+    )
+    db_connect_timeout_s: float = Field(default=10.0, gt=0)
+
+    # -- readiness on a cold start
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+
+    # -- outbox relay
+    relay_after_s: float = Field(default=5.0, ge=0)
+    relay_interval_s: float = Field(default=1.0, gt=0)
+    relay_batch: int = Field(default=100, ge=1, le=10_000)
+    # A run idle this long although its next message was sent: that message is resent.
+    relay_stall_after_s: float = Field(default=300.0, gt=0)
+
+    # -- observability
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(default=9100, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+
+    # -- governance (docs/concepts/governance.md): regional stores, read policy, retention
+    stores: str | None = Field(
+        default=None,
+        description='JSON {"default": dsn, "<region>": dsn, ...}; unset: one store.',
+    )
+    read_policy: str | None = Field(
+        default=None, description='JSON {"workflow.phase" | "workflow.*" | "*": [role, ...]}.')
+    retention_by_classification: str | None = Field(
+        default=None, description='JSON {"public": "7d", ...}: purge age per classification.')
+
+    # -- control plane
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8080, ge=0, le=65535)
+
+    # -- TEST ONLY: kill the process at named points (see phasegate/faults.py). Off by default.
+    faults: str = ""
+    fault_seed: int = 0
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgres://", "postgresql://")):
+            raise ValueError("must start with postgresql:// or postgres://")
+        return value
+
+    @field_validator("queue_url", "dlq_url", "sqs_endpoint_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return value
+
+    @field_validator("stores")
+    @classmethod
+    def _stores(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from phasegate.residency import parse_stores
+
+        if value:
+            default = parse_stores(value).get("default")
+            database_url = info.data.get("database_url")
+            if default and database_url and default != database_url:
+                raise ValueError("its default store differs from PHASEGATE_DATABASE_URL; "
+                                 "set one of them, or both to the same DSN")
+        return value or None
+
+    @field_validator("read_policy")
+    @classmethod
+    def _read_policy(cls, value: str | None) -> str | None:
+        from phasegate.access import parse_policy
+
+        if value:
+            parse_policy(value)
+        return value or None
+
+    @field_validator("retention_by_classification")
+    @classmethod
+    def _retention(cls, value: str | None) -> str | None:
+        from phasegate.retention import parse_retention
+
+        if value:
+            parse_retention(value)
+        return value or None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_store(cls, values: object) -> object:
+        """``PHASEGATE_STORES``'s default is the database when DATABASE_URL is unset."""
+        if isinstance(values, dict) and not values.get("database_url") and values.get("stores"):
+            from phasegate.residency import parse_stores
+
+            try:
+                default = parse_stores(str(values["stores"])).get("default")
+            except ValueError:
+                return values  # the field validator reports it, naming PHASEGATE_STORES
+            if default:
+                values = {**values, "database_url": default}
+        return values
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.heartbeat_s >= self.visibility_timeout_s:
+            raise ValueError(
+                "heartbeat_s must be shorter than visibility_timeout_s "
+                f"({self.heartbeat_s} >= {self.visibility_timeout_s})"
+            )
+        if self.db_pool_min > self.db_pool_max:
+            raise ValueError("db_pool_min must not exceed db_pool_max")
+        return self
+
+    @property
+    def store_map(self) -> dict[str, str]:
+        """Region -> DSN for every configured store (``default`` included when known)."""
+        from phasegate.residency import DEFAULT_REGION, parse_stores
+
+        stores = parse_stores(self.stores) if self.stores else {}
+        if self.database_url:
+            stores.setdefault(DEFAULT_REGION, self.database_url)
+        return stores
+
+    @property
+    def module_list(self) -> list[str]:
+        return [m.strip() for m in self.workflow_modules.split(",") if m.strip()]
+
+    def require(self, *fields: str) -> Settings:
+        """Fail with a SettingsError naming the first of ``fields`` that is unset."""
+        for name in fields:
+            if getattr(self, name) in (None, ""):
+                raise SettingsError(env_name(name), "is required but not set")
+        return self
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, turning pydantic's report into a SettingsError."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = first.get("loc") or ()
+        field = str(loc[0]) if loc else ""
+        variable = env_name(field) if field else f"{ENV_PREFIX}*"
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise SettingsError(variable, message) from None
+
+
+def exit_on_settings_error(error: SettingsError) -> NoReturn:
+    """The contract for a bad setting: one line naming the variable, exit status 2."""
+    print(f"phasegate: {error}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,147 @@
+-- The control plane's named queries. A block starts with `-- name: <name>`.
+-- Reads serve the API and CLI; every write is ONE statement (a CTE), conditional on the state
+-- the caller read just before, so a worker committing at the same moment wins or loses
+-- cleanly and nothing is half-done.
+
+-- name: get_run
+SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
+       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
+       classification, region
+  FROM workflow_runs
+ WHERE workflow_id = $1;
+
+-- name: list_runs
+-- Newest first, keyset-paginated on (created_at, workflow_id). `/*filters*/` is replaced by
+-- fixed `AND column = $n` fragments (never by request text); see orchestrator/views.py.
+SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
+       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
+       classification, region
+  FROM workflow_runs
+ WHERE true /*filters*/
+ ORDER BY created_at DESC, workflow_id DESC
+ LIMIT $1;
+
+-- name: checkpoints
+-- The history of a run in commit order; state only when asked for ($2).
+SELECT checkpoint_id, branch, seq, phase, kind, schema_version, state_hash, tier, tier_label,
+       worker_id, created_at, CASE WHEN $2 THEN state::text END AS state
+  FROM checkpoints
+ WHERE workflow_id = $1 AND checkpoint_id > $3
+ ORDER BY checkpoint_id
+ LIMIT $4;
+
+-- name: actions
+SELECT action_id, action, from_status, seq, epoch, reason, actor, created_at
+  FROM control_actions
+ WHERE workflow_id = $1
+ ORDER BY action_id DESC
+ LIMIT $2;
+
+-- name: stalls
+-- Unfinished runs untouched for longer than $1 seconds, by workflow x phase x tier x status.
+-- Every checkpoint commit touches the run row (updated_at), so "untouched" means no
+-- checkpoint, no failed attempt and no operator action in that time.
+SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS runs,
+       extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
+  FROM workflow_runs
+ WHERE status IN ('pending', 'running', 'awaiting_review')
+   AND updated_at < now() - make_interval(secs => $1)
+ GROUP BY workflow, current_phase, tier, tier_label, status
+ ORDER BY oldest_age_s DESC
+ LIMIT $2;
+
+-- name: summary
+-- The status table: unfinished and stopped runs by phase and tier; runs completed or
+-- cancelled in the last $1 seconds only counted per workflow.
+SELECT status, workflow, current_phase AS phase, tier, tier_label, count(*) AS runs,
+       extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
+  FROM workflow_runs
+ WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart')
+ GROUP BY status, workflow, current_phase, tier, tier_label
+UNION ALL
+SELECT status, workflow, NULL, NULL, NULL, count(*), NULL
+  FROM workflow_runs
+ WHERE status IN ('completed', 'cancelled')
+   AND finished_at > now() - make_interval(secs => $1)
+ GROUP BY status, workflow
+ ORDER BY 1, 2, 3, 4;
+
+-- name: oldest_unfinished_age
+SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+  FROM workflow_runs
+ WHERE status IN ('pending', 'running', 'awaiting_review');
+
+-- name: resume_run
+-- retry, restart, approve, reject: the run back to running under a new epoch, the message
+-- that resumes it in the outbox, and the action in the log -- one statement, applied only if
+-- the run is still exactly as read ($2 status, $3 next_seq, $4 epoch).
+WITH run AS (
+    UPDATE workflow_runs
+       SET status = 'running', attempts = 0, error = NULL, epoch = epoch + 1,
+           current_phase = $5, updated_at = now(), finished_at = NULL,
+           base_seq = CASE WHEN $6 THEN next_seq ELSE base_seq END,
+           schema_version = coalesce($7, schema_version)
+     WHERE workflow_id = $1 AND status = $2 AND next_seq = $3 AND epoch = $4
+    RETURNING workflow_id, next_seq, epoch
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, 'main', next_seq, $8, $9, $10 FROM run
+    RETURNING outbox_id
+), act AS (
+    INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
+    SELECT workflow_id, $11, $2, next_seq, epoch, $12, $13 FROM run
+)
+SELECT (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: cancel_run
+-- A phase running now will fail its commit condition (status = 'running') and change nothing.
+WITH run AS (
+    UPDATE workflow_runs
+       SET status = 'cancelled', updated_at = now(), finished_at = now()
+     WHERE workflow_id = $1 AND status = $2
+    RETURNING workflow_id, next_seq, epoch
+), act AS (
+    INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
+    SELECT workflow_id, 'cancel', $2, next_seq, epoch, $3, $4 FROM run
+)
+SELECT workflow_id FROM run;
+
+-- name: purge_count
+-- What `phasegate purge` would delete: finished runs older than $1 (and older than their own
+-- retention, when a run has one; of classification $2 when given), with their checkpoints and
+-- outbox rows.
+WITH victims AS (
+    SELECT workflow_id FROM workflow_runs
+     WHERE status IN ('completed', 'failed', 'cancelled')
+       AND finished_at < now() - $1::interval
+       AND (retention IS NULL OR finished_at < now() - retention)
+       AND ($2::text IS NULL OR classification = $2)
+)
+SELECT (SELECT count(*) FROM victims) AS runs,
+       (SELECT count(*) FROM checkpoints c JOIN victims v USING (workflow_id)) AS checkpoints,
+       (SELECT count(*) FROM outbox o JOIN victims v USING (workflow_id)) AS outbox;
+
+-- name: purge_batch
+-- One batch, oldest first. Rows locked by a concurrent purge are skipped; other tables that
+-- reference workflow_runs go with ON DELETE CASCADE.
+WITH victims AS (
+    SELECT workflow_id FROM workflow_runs
+     WHERE status IN ('completed', 'failed', 'cancelled')
+       AND finished_at < now() - $1::interval
+       AND (retention IS NULL OR finished_at < now() - retention)
+       AND ($3::text IS NULL OR classification = $3)
+     ORDER BY finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+), cp AS (
+    DELETE FROM checkpoints c USING victims v WHERE c.workflow_id = v.workflow_id RETURNING 1
+), ob AS (
+    DELETE FROM outbox o USING victims v WHERE o.workflow_id = v.workflow_id RETURNING 1
+), runs AS (
+    DELETE FROM workflow_runs r USING victims v WHERE r.workflow_id = v.workflow_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM cp) AS checkpoints,
+       (SELECT count(*) FROM ob) AS outbox;
+
+-- name: run_exists
+SELECT 1 FROM workflow_runs WHERE workflow_id = $1

@@ -1,0 +1,298 @@
+-- Named queries. A block starts with `-- name: <name>` and runs to the next one.
+-- Every statement here is a single round trip; multi-row writes are CTEs, so each is atomic
+-- without an explicit BEGIN/COMMIT (and works behind PgBouncer in transaction mode).
+
+-- name: ensure_run
+-- A start message from any producer creates its run; a second start is a no-op. The run's
+-- classification ($6) and region ($7, NULL: the default store) are fixed here for good.
+INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
+                           classification, region)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)
+ON CONFLICT (workflow_id) DO NOTHING
+RETURNING workflow_id;
+
+-- name: start_run
+-- The run row and its first message in one statement: a crash can lose neither alone.
+-- $9/$10: the run's classification and region, as in ensure_run.
+WITH run AS (
+    INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
+                               classification, region)
+    VALUES ($1, $2, $3, $4::jsonb, $5, $9, $10)
+    ON CONFLICT (workflow_id) DO NOTHING
+    RETURNING workflow_id
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, 'main', 0, $6, $7, $8 FROM run
+    RETURNING outbox_id
+)
+SELECT (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: load_for_phase
+-- Check + claim + load in one round trip: the run row (moved pending -> running), the state
+-- committed at the previous door, and the latest in-phase progress for the seq about to run.
+WITH claimed AS (
+    UPDATE workflow_runs SET status = 'running', updated_at = now()
+    WHERE workflow_id = $1 AND status = 'pending'
+    RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
+              schema_version, input::text AS input, attempts, epoch, classification, region
+), run AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT workflow_id, workflow, status, next_seq, base_seq, current_phase,
+           schema_version, input::text, attempts, epoch, classification, region
+    FROM workflow_runs r
+    WHERE r.workflow_id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
+)
+SELECT run.*,
+       c.state::text AS state, c.state_hash, c.schema_version AS state_version,
+       e.state::text AS progress
+FROM run
+-- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
+-- checkpoint of the run and filter afterwards, a cost that grew with every phase.
+LEFT JOIN LATERAL (
+    SELECT state, state_hash, schema_version FROM checkpoints c
+    WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = run.next_seq - 1
+      AND c.kind = 'phase'
+    LIMIT 1
+) c ON true
+LEFT JOIN LATERAL (
+    SELECT state FROM checkpoints e
+    WHERE e.workflow_id = $1 AND e.branch = $2
+      AND e.seq = run.next_seq AND e.kind = 'emergency'
+    ORDER BY e.checkpoint_id DESC LIMIT 1
+) e ON true;
+
+-- name: commit_phase
+-- THE commit: checkpoint + run position + successor message, conditional on the run still
+-- being at this seq and running. First commit wins; a late duplicate changes nothing.
+-- $18-$21 are null for a phase that simply advanced; a below-tier retry/escalation or a
+-- re-run sets the checkpoint's outcome and rerun_of and the run's error/review.
+WITH run AS (
+    UPDATE workflow_runs
+       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
+           tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
+           updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
+     WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+    RETURNING workflow_id
+), cp AS (
+    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14,
+           $18, $19
+      FROM run
+    RETURNING created_at
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
+    RETURNING outbox_id
+)
+SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
+
+-- name: record_failure
+-- A phase raised: count the attempt; at the limit the run is failed with the error kept.
+UPDATE workflow_runs
+   SET attempts = attempts + 1, error = $3, updated_at = now(),
+       status = CASE WHEN attempts + 1 >= $4 THEN 'failed' ELSE status END,
+       finished_at = CASE WHEN attempts + 1 >= $4 THEN now() ELSE finished_at END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING attempts, status;
+
+-- name: halt_run
+-- Stop a run where it stands (needs_restart, checkpoint_corrupt): never a crash, never silent.
+UPDATE workflow_runs
+   SET status = $3, error = $4, updated_at = now(),
+       finished_at = CASE WHEN $3 IN ('failed', 'cancelled') THEN now() END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING workflow_id;
+
+-- name: successor
+-- The message a committed seq left behind (the newest, if a retry wrote another).
+SELECT outbox_id, dedup_id, group_id, body, sent_at
+  FROM outbox
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3
+ ORDER BY outbox_id DESC
+ LIMIT 1;
+
+-- name: mark_sent
+UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
+
+-- name: claim_unsent
+-- Relay: rows still unsent some seconds after commit (database time). SKIP LOCKED lets
+-- several relays share the work without sending a row twice at once.
+SELECT outbox_id, dedup_id, group_id, body
+  FROM outbox
+ WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => $1)
+ ORDER BY outbox_id
+ LIMIT $2
+ FOR UPDATE SKIP LOCKED;
+
+-- name: requeue_stalled
+-- Relay: a run that has not moved for $1 seconds although the message that wakes it was sent
+-- as long ago. SQS lost that message, or something deleted it unprocessed ("a lost message
+-- must never lose work"). The row becomes unsent again under a new deduplication id (SQS
+-- would drop the old one for 5 minutes), so the relay sends it once more; if the first copy
+-- was not lost after all, the worker sees a duplicate by seq.
+WITH stalled AS (
+    SELECT o.outbox_id
+      FROM workflow_runs r
+      JOIN LATERAL (
+          SELECT outbox_id, sent_at FROM outbox o
+           WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
+           ORDER BY outbox_id DESC LIMIT 1) o ON true
+     WHERE r.status IN ('pending', 'running')
+       AND r.updated_at < now() - make_interval(secs => $1)
+       AND o.sent_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+UPDATE outbox SET sent_at = NULL,
+       dedup_id = left(outbox.dedup_id, 64) || ':r' || floor(extract(epoch FROM now()))::bigint
+  FROM stalled
+ WHERE outbox.outbox_id = stalled.outbox_id
+RETURNING outbox.workflow_id;
+
+-- name: outbox_lag
+-- Age of the oldest unsent outbox row, in seconds (0 when none).
+SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
+  FROM outbox WHERE sent_at IS NULL;
+
+-- name: quarantine
+INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING quarantine_id;
+
+-- name: emergency_checkpoint
+-- In-phase progress saved under memory pressure; it never moves next_seq and is only
+-- written while the run is still at this seq.
+INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                         state_hash, worker_id)
+SELECT workflow_id, $2, $3, $4, 'emergency', $5, $6::jsonb, $7, $8
+  FROM workflow_runs
+ WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+RETURNING checkpoint_id;
+
+-- =========================================================================================
+-- Inside the room: steps, delivery receipts, tiers, reviews, re-runs, versions.
+-- (phasegate/steps.py, phasegate/door.py, phasegate/tiers.py, phasegate/versions.py; schema 0002_steps)
+-- =========================================================================================
+
+-- name: step_claim
+-- Before a write/execute step runs: record it as pre_execution, or find the record an earlier
+-- attempt left (completed: replay its output; pre_execution: call again with the same key).
+-- One round trip; the record is committed before the step's function is called.
+WITH ins AS (
+    INSERT INTO step_records (workflow_id, branch, seq, step_seq, step_name, category,
+                              idempotency_key, input_hash, status, worker_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pre_execution', $9)
+    ON CONFLICT (workflow_id, branch, seq, step_seq) DO NOTHING
+    RETURNING step_name, category, idempotency_key, input_hash, status, NULL::text AS output
+)
+SELECT * FROM ins
+UNION ALL
+SELECT step_name, category, idempotency_key, input_hash, status, output::text
+  FROM step_records
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4
+   AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: step_find
+SELECT step_name, category, idempotency_key, input_hash, status, output::text AS output
+  FROM step_records
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4;
+
+-- name: step_complete
+-- After the step's function returned: its output, once (the first completion wins).
+UPDATE step_records SET status = 'completed', output = $5::jsonb, completed_at = now()
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND step_seq = $4
+   AND status = 'pre_execution'
+RETURNING step_seq;
+
+-- name: step_record_completed
+-- A cached read step: its output, recorded after it ran (a concurrent duplicate keeps the first).
+INSERT INTO step_records (workflow_id, branch, seq, step_seq, step_name, category,
+                          idempotency_key, input_hash, status, output, worker_id, completed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'completed', $9::jsonb, $10, now())
+ON CONFLICT (workflow_id, branch, seq, step_seq) DO NOTHING;
+
+-- name: delivery_find
+SELECT receipt::text AS receipt
+  FROM deliveries WHERE workflow_id = $1 AND batch_id = $2 AND artifact_id = $3;
+
+-- name: delivery_record
+INSERT INTO deliveries (workflow_id, batch_id, artifact_id, idempotency_key, seq, receipt,
+                        worker_id)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)
+ON CONFLICT (workflow_id, batch_id, artifact_id) DO NOTHING;
+
+-- name: delivery_done_batches
+SELECT batch_id FROM deliveries
+ WHERE workflow_id = $1 AND artifact_id = '' AND batch_id = ANY($2::text[]);
+
+-- name: room_entry
+-- What a phase of a workflow with tiers or a version fetcher needs beyond load_for_phase, in
+-- one round trip: the door it enters by (the checkpoint at seq - 1: how it ended, what it
+-- re-ran, its staleness envelope and age in database time), the operator's review decision
+-- for this seq (control_actions, written by approve/reject under the run's current epoch),
+-- the last review raised, and how many attempts the door's phase has had so far.
+SELECT r.base_seq, r.epoch, r.review::text AS review,
+       c.phase AS door_phase, c.outcome AS door_outcome, c.rerun_of AS door_rerun_of,
+       c.resource_versions::text AS resource_versions,
+       extract(epoch FROM now() - c.created_at)::float8 AS age_s,
+       (SELECT a.action FROM control_actions a
+         WHERE a.workflow_id = r.workflow_id AND a.seq = $3 AND a.epoch = r.epoch
+           AND a.action IN ('approve', 'reject')
+         ORDER BY a.action_id DESC LIMIT 1) AS decision,
+       (SELECT count(*) FROM checkpoints k
+         WHERE k.workflow_id = r.workflow_id AND k.branch = $2 AND k.kind = 'phase'
+           AND k.seq < $3
+           AND (k.seq = coalesce(c.rerun_of, c.seq) OR k.rerun_of = coalesce(c.rerun_of, c.seq))
+       )::int AS door_attempts
+  FROM workflow_runs r
+  LEFT JOIN checkpoints c
+         ON c.workflow_id = r.workflow_id AND c.branch = $2 AND c.seq = $3 - 1
+        AND c.kind = 'phase'
+ WHERE r.workflow_id = $1;
+
+-- name: room_checkpoint
+-- The state a re-run starts from: the phase checkpoint before its first attempt.
+SELECT state::text AS state, state_hash, schema_version,
+       resource_versions::text AS resource_versions
+  FROM checkpoints
+ WHERE workflow_id = $1 AND branch = $2 AND seq = $3 AND kind = 'phase';
+
+-- name: room_settle_run
+-- Stop a run at its door without running a phase: awaiting_review (stale resources, with the
+-- review record), completed (an approved review of the last phase), failed/needs_restart (a
+-- re-run's input that is corrupt or cannot be upcast).
+UPDATE workflow_runs
+   SET status = $3, error = $4, review = coalesce($5::jsonb, review), updated_at = now(),
+       finished_at = CASE WHEN $3 IN ('completed', 'failed', 'cancelled') THEN now() END
+ WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+RETURNING workflow_id;
+
+-- name: versions_in_flight
+-- `phasegate versions`: unfinished runs by workflow and by the schema version of the state
+-- they will resume from (at_input: they start from their input, which has no version).
+SELECT r.workflow, (r.next_seq = r.base_seq) AS at_input, c.schema_version AS version,
+       count(*)::int AS runs
+  FROM workflow_runs r
+  LEFT JOIN checkpoints c
+         ON c.workflow_id = r.workflow_id AND c.branch = 'main' AND c.seq = r.next_seq - 1
+        AND c.kind = 'phase'
+ WHERE r.status IN ('pending', 'running', 'awaiting_review')
+ GROUP BY 1, 2, 3
+ ORDER BY 1, 2, 3;
+
+-- name: count_crash
+-- One more crash of the transition on this message; returns the count so far.
+INSERT INTO transition_crashes AS c (message_id, error_type) VALUES ($1, $2)
+ON CONFLICT (message_id) DO UPDATE
+   SET crashes = c.crashes + 1, error_type = excluded.error_type, updated_at = now()
+RETURNING crashes;
+
+-- name: fail_run
+-- A run whose message the worker gave up on (quarantined after repeated crashes): failed,
+-- with the reason, whatever seq it is at, unless it already ended.
+UPDATE workflow_runs
+   SET status = 'failed', error = $2, updated_at = now(), finished_at = now()
+ WHERE workflow_id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING workflow_id;

@@ -1,0 +1,194 @@
+"""The checkpoint store: every read and write phasegate makes to PostgreSQL.
+
+Postgres is the source of truth. Each method is one named query from ``sql/queries.sql`` and
+one round trip; the phase commit is a single CTE statement, so it is atomic on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from phasegate.db import create_pool
+from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
+from phasegate.sql import queries
+
+__all__ = ["OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
+
+
+class StoreError(Exception):
+    """The store refused an operation (bad data), as opposed to the database being down."""
+
+
+@dataclass(frozen=True)
+class RunPosition:
+    """What a worker needs to decide about one message, loaded in one round trip."""
+
+    workflow_id: str
+    workflow: str
+    status: str
+    next_seq: int
+    base_seq: int
+    current_phase: str | None
+    schema_version: int
+    input_json: str | None
+    attempts: int
+    epoch: int
+    state_json: str | None
+    state_hash: str | None
+    state_version: int | None
+    progress_json: str | None
+    # Data residency (phasegate/residency.py): fixed at start.
+    classification: str = "internal"
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    outbox_id: int
+    dedup_id: str
+    group_id: str
+    body: str
+    sent_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PhaseCommit:
+    """Everything the one commit statement writes."""
+
+    workflow_id: str
+    branch: str
+    seq: int
+    phase: str
+    schema_version: int
+    state_json: str
+    state_hash: str
+    next_phase: str | None
+    status: str
+    worker_id: str
+    successor: Envelope | None = None
+    tier: int | None = None
+    tier_label: str | None = None
+    resource_versions_json: str | None = None
+    trace_id: str | None = None
+    # Set only when the phase did not simply advance (see phasegate/tiers.py).
+    outcome: str | None = None
+    rerun_of: int | None = None
+    error: str | None = None
+    review_json: str | None = None
+
+
+class Store:
+    """Typed access to the phasegate tables over an asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self._q = queries()
+
+    async def ping(self) -> None:
+        await self.pool.fetchval(queries("schema.sql")["ping"])
+
+    # -- runs
+
+    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
+                         classification: str = "internal", region: str | None = None) -> bool:
+        """Create the run a start message names, if it does not exist. True if created."""
+        row = await self.pool.fetchval(
+            self._q["ensure_run"], envelope.workflow_id, envelope.workflow, schema_version,
+            canonical_json(envelope.input), first_phase, classification, region)
+        return row is not None
+
+    async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
+                        input: Any, first_phase: str, message: Envelope,
+                        classification: str = "internal", region: str | None = None
+                        ) -> int | None:
+        """Insert the run and its start message in the outbox. None if the id existed."""
+        outbox_id: int | None = await self.pool.fetchval(
+            self._q["start_run"], workflow_id, workflow, schema_version, canonical_json(input),
+            first_phase, message.dedup_id, message.group_id, message.to_json(),
+            classification, region)
+        return outbox_id
+
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
+                             ) -> RunPosition | None:
+        row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch)
+        if row is None:
+            return None
+        return RunPosition(
+            workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
+            next_seq=row["next_seq"], base_seq=row["base_seq"],
+            current_phase=row["current_phase"], schema_version=row["schema_version"],
+            input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
+            state_json=row["state"], state_hash=row["state_hash"],
+            state_version=row["state_version"], progress_json=row["progress"],
+            classification=row["classification"], region=row["region"])
+
+    async def commit_phase(self, commit: PhaseCommit) -> tuple[datetime, int | None] | None:
+        """Run the one commit statement. None when the run was no longer at this seq."""
+        successor = commit.successor
+        row = await self.pool.fetchrow(
+            self._q["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
+            commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
+            commit.next_phase, commit.status, commit.tier, commit.tier_label,
+            commit.resource_versions_json, commit.worker_id, commit.trace_id,
+            successor.dedup_id if successor else None,
+            successor.group_id if successor else None,
+            successor.to_json() if successor else None,
+            commit.outcome, commit.rerun_of, commit.error, commit.review_json)
+        if row is None or row["committed_at"] is None:
+            return None
+        return row["committed_at"], row["outbox_id"]
+
+    async def record_failure(self, workflow_id: str, seq: int, error: str,
+                             max_attempts: int) -> tuple[int, str] | None:
+        row = await self.pool.fetchrow(
+            self._q["record_failure"], workflow_id, seq, error, max_attempts)
+        return (row["attempts"], row["status"]) if row else None
+
+    async def halt_run(self, workflow_id: str, seq: int, status: str, reason: str) -> bool:
+        return await self.pool.fetchval(
+            self._q["halt_run"], workflow_id, seq, status, reason) is not None
+
+    async def emergency_checkpoint(self, *, workflow_id: str, branch: str, seq: int, phase: str,
+                                   schema_version: int, state: Any, worker_id: str) -> bool:
+        canonical = canonical_json(state)
+        return await self.pool.fetchval(
+            self._q["emergency_checkpoint"], workflow_id, branch, seq, phase, schema_version,
+            canonical, state_hash(canonical), worker_id) is not None
+
+    # -- outbox
+
+    async def successor(self, workflow_id: str, branch: str, seq: int) -> OutboxRow | None:
+        row = await self.pool.fetchrow(self._q["successor"], workflow_id, branch, seq)
+        return OutboxRow(**dict(row)) if row else None
+
+    async def mark_sent(self, outbox_ids: Sequence[int]) -> None:
+        if outbox_ids:
+            await self.pool.execute(self._q["mark_sent"], list(outbox_ids))
+
+    async def outbox_lag_s(self) -> float:
+        return float(await self.pool.fetchval(self._q["outbox_lag"]))
+
+    # -- quarantine
+
+    async def quarantine(self, *, message_id: str, workflow_id: str | None, reason: str,
+                         body_bytes: int, worker_id: str) -> int:
+        return int(await self.pool.fetchval(
+            self._q["quarantine"], message_id, workflow_id, reason, body_bytes, worker_id))
+
+    async def count_crash(self, message_id: str, error_type: str) -> int:
+        """One more crash of the transition on this SQS message; the count so far."""
+        return int(await self.pool.fetchval(self._q["count_crash"], message_id, error_type))
+
+    async def fail_run(self, workflow_id: str, reason: str) -> bool:
+        """Fail a run that has not ended, whatever its seq (its message was given up)."""
+        return await self.pool.fetchval(self._q["fail_run"], workflow_id, reason) is not None
+
+
+def decode_state(state_json: str | None) -> Any:
+    return None if state_json is None else json.loads(state_json)
