@@ -62,7 +62,7 @@ class Settings:
     exporter_interval_s: float = 5.0
     relay_interval_s: float = 1.0
     relay_batch: int = 100
-    keda_polling_s: float = 30.0
+    keda_polling_s: float = 15.0  # autoscaling.keda.pollingInterval
     high_throughput_fifo: bool = True
 
 
