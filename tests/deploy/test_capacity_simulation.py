@@ -23,9 +23,11 @@ WINDOW_S = 5
 
 @pytest.fixture(scope="module")
 def at_scale(helm_home):
-    """The default scenario with the fleet bound raised to 1,000 pods (pooler declared)."""
+    """The default scenario with the fleet bound raised to 1,000 pods (pooler declared), on a
+    cluster that scales to zero (HPAScaleToZero)."""
     values = chart.merge_values(chart.load_values(chart.SCENARIO_DIR / "default-values.yaml"),
-                                {"autoscaling": {"maxReplicas": MAX_PODS}})
+                                {"autoscaling": {"maxReplicas": MAX_PODS,
+                                                 "hpa": {"scaleToZero": True}}})
     return chart.render(values)
 
 

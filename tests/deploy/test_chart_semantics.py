@@ -237,7 +237,7 @@ def test_too_short_grace_fails_with_a_clear_message(minimal_values, helm_home):
          "200 workers x database.poolMax 4 + the orchestrator's 4 = 804 connections exceed "
          "database.connectionBudget (90)"),
         ({"database": {"pooler": "none", "poolMax": 30, "connectionBudget": 100},
-          "worker": {"replicas": 3}},
+          "autoscaling": {"mode": "none"}, "worker": {"replicas": 3}},
          "3 workers x database.poolMax 30 + the orchestrator's 30 = 120 connections exceed "
          "database.connectionBudget (100)"),
     ],

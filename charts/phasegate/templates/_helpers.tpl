@@ -192,7 +192,7 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- end }}
 {{- $db := .Values.database }}
 {{- if and (eq $db.pooler "none") (gt (int $db.connectionBudget) 0) }}
-{{- $workers := ternary .Values.worker.replicas .Values.autoscaling.maxReplicas (eq .Values.autoscaling.mode "none") }}
+{{- $workers := ternary .Values.worker.replicas .Values.autoscaling.maxReplicas (eq (include "phasegate.autoscalingMode" .) "none") }}
 {{- $orchestrator := mul .Values.orchestrator.replicas (max 2 $db.poolMax) }}
 {{- $total := add (mul $workers $db.poolMax) $orchestrator }}
 {{- if gt (int $total) (int $db.connectionBudget) }}
