@@ -206,10 +206,10 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
     from datetime import timedelta
 
     from phasegate.cli import fail, require, settings_from
+    from phasegate.db import pool_from_settings
     from phasegate.orchestrator.purge import PurgeReport, parse_age, parse_retention
     from phasegate.orchestrator.purge import purge as run_purge
     from phasegate.residency import DEFAULT_REGION
-    from phasegate.store import create_pool
 
     settings = require(settings_from(), "database_url")
     ages: dict[str | None, timedelta]
@@ -230,8 +230,7 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
         reports = []
         for region, dsn in sorted(settings.store_map.items()):
             try:
-                pool = await create_pool(dsn, min_size=1, max_size=1,
-                                         statement_cache_size=settings.db_statement_cache_size)
+                pool = await pool_from_settings(settings, dsn=dsn, min_size=1, max_size=1)
             except Exception as exc:
                 fail(f"cannot reach the PostgreSQL store of region {region!r}: "
                      f"{type(exc).__name__}")

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from phasegate.db import connect, create_pool
 from phasegate.envelope import canonical_json, state_hash
 from phasegate.migrate import migrate
 from phasegate.orchestrator import render
@@ -35,7 +36,7 @@ from phasegate.orchestrator.starter import start_workflow
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.samples import pipeline
 from phasegate.sql import queries
-from phasegate.store import Store, create_pool
+from phasegate.store import Store
 
 RUN_DEADLINE_S = 600
 VISIBILITY_S = 10
@@ -171,7 +172,7 @@ def phase_outcomes(log_dir: Path) -> Counter[str]:
 
 
 async def summarize(dsn: str, total: int, log_dir: Path) -> tuple[list[str], bool]:
-    connection = await asyncpg.connect(dsn)
+    connection = await connect(dsn)
     try:
         q = queries("demo.sql")
         runs = await connection.fetch(q["runs"])
@@ -259,7 +260,7 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
         await start_runs(dsn, queue_url, endpoint, runs)
         started = time.monotonic()
         killed = not kill
-        connection = await asyncpg.connect(dsn)
+        connection = await connect(dsn)
         try:
             while True:
                 lines, done = await progress_lines(connection, runs, fleet, started)

@@ -121,6 +121,10 @@ class InMemoryFifoQueue:
     async def encryption(self) -> str | None:
         return "in-memory"  # never leaves the process
 
+    async def fifo_attributes(self) -> dict[str, str]:
+        return {"FifoQueue": "true", "DeduplicationScope": "messageGroup",
+                "FifoThroughputLimit": "perMessageGroupId"}
+
     async def depth(self) -> QueueDepth:
         self.calls += 1
         now = self.clock()

@@ -21,12 +21,13 @@ import structlog
 
 from phasegate import metrics, redact
 from phasegate.backoff import Backoff
+from phasegate.db import pool_from_settings
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
 from phasegate.residency import StoreRouter, stores_from_settings
 from phasegate.settings import Settings
-from phasegate.store import Store, create_pool
+from phasegate.store import Store
 from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
@@ -36,6 +37,7 @@ from phasegate.worker.startup import (
     PermanentStartupError,
     StartupError,
     check_schema,
+    log_fifo_quota,
     one_line,
 )
 from phasegate.worker.transition import (
@@ -284,11 +286,7 @@ class Worker:
             waiting_for = []
             if self.store is None:
                 try:
-                    pool = await create_pool(
-                        self.settings.database_url or "", min_size=self.settings.db_pool_min,
-                        max_size=self.settings.db_pool_max,
-                        statement_cache_size=self.settings.db_statement_cache_size,
-                        connect_timeout_s=self.settings.db_connect_timeout_s)
+                    pool = await pool_from_settings(self.settings)
                     stack.push_async_callback(pool.close)
                     # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
@@ -309,19 +307,28 @@ class Worker:
                 # policy grants exactly sqs:SendMessage there (README, "IAM roles").
                 try:
                     assert self.queue is not None
-                    fifo = await self.queue.is_fifo()
+                    attributes = await self.queue.fifo_attributes()
                 except Exception as exc:
                     waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
                 else:
-                    if not fifo:
+                    if attributes.get("FifoQueue") != "true":
                         raise PermanentStartupError(
                             "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
                             "phasegate needs per-workflow ordering; create a .fifo queue")
                     await self._check_encryption()
+                    log_fifo_quota(attributes)
             if not waiting_for:
                 assert self.store is not None
-                await check_schema(self.store)
-                return
+                try:
+                    await check_schema(self.store)
+                    return
+                except StartupError:
+                    raise
+                except Exception as exc:
+                    # Behind a pooler the pool opens without any server connection, so the
+                    # first query is where a restarting database shows (found by the chaos
+                    # run through PgBouncer: a worker exited 1 here).
+                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if time.monotonic() > deadline:
                 raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
                                    f"waiting for {', '.join(waiting_for)}")
@@ -335,7 +342,14 @@ class Worker:
         """Phase messages carry workflow state: a queue without SSE is refused when
         PHASEGATE_REQUIRE_QUEUE_ENCRYPTION is set, and reported otherwise."""
         assert self.queue is not None
-        encryption = await self.queue.encryption()
+        try:
+            encryption = await self.queue.encryption()
+        except Exception as exc:  # the FIFO check just answered: not worth waiting for
+            if self.settings.require_queue_encryption:
+                raise StartupError(f"cannot read the queue's encryption: {one_line(exc)}") \
+                    from None
+            log.warning("queue_encryption_unknown", error=type(exc).__name__)
+            return
         if encryption is not None:
             return
         if self.settings.require_queue_encryption:

@@ -40,6 +40,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
+from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
 from phasegate.orchestrator.starter import start_workflow
@@ -60,6 +61,9 @@ class ChaosConfig:
     concurrency: int = 8
     drain_bound_s: float = 120.0
     log_dir: Path | None = None
+    # Workers and relay reach Postgres through PgBouncer in transaction mode
+    # (commit-cut proxy -> PgBouncer -> server); the invariants are read directly.
+    pgbouncer: bool = False
 
 
 @dataclass
@@ -162,12 +166,15 @@ class ChaosRun:
         moto = MotoProcess(log_dir)
         seed = config.seed
         sqs_proxy = SqsFaultProxy("", seed=seed + 1)
-        pg_proxy = PgCommitCutProxy(pg.port, seed=seed + 2,
+        bouncer = PgBouncer(pg.port) if config.pgbouncer else None
+        pg_proxy = PgCommitCutProxy(bouncer.port if bouncer else pg.port, seed=seed + 2,
                                     probability=self.schedule.pg_commit_cut_probability)
         downstream = Downstream(seed=seed + 3, response_lost_probability=0.005)
         fleet: Fleet | None = None
         try:
             await moto.ready()
+            if bouncer is not None:
+                await asyncio.to_thread(bouncer.start)
             sqs_proxy.upstream = moto.url
             await sqs_proxy.start()
             await pg_proxy.start()
@@ -209,6 +216,8 @@ class ChaosRun:
             await pg_proxy.close()
             await downstream.close()
             moto.stop()
+            if bouncer is not None:
+                bouncer.stop()
             await asyncio.to_thread(pg.stop)
         report = Report(config=config, results=results, fired=dict(fired), stats=stats,
                         schedule_text=self.schedule.describe(), log_dir=log_dir,
@@ -256,6 +265,7 @@ class ChaosRun:
         background: set[asyncio.Task[None]] = set()
         last_progress = 0.0
         window_over = False
+        restarts: list[asyncio.Task[None]] = []
         while not (window_over and producer.done()):
             now = time.monotonic() - start
             while events and events[0].at_s <= now:
@@ -267,21 +277,26 @@ class ChaosRun:
                 self.say(f"worker {worker.slot}.{worker.incarnation} died "
                          f"({worker.faults or 'no armed point'}); restarted")
             if not window_over and now >= window and not events:
-                # The fault window is over: no new armed workers, no more proxy faults.
+                # The fault window is over: no more proxy faults or scheduled events.
                 window_over = True
                 await asyncio.gather(*background)
-                fleet.armed = False
                 pg_proxy.enabled = False
                 downstream.response_lost_probability = 0.0
                 self.last_fault = max(self.last_fault, time.monotonic())
                 self.say(f"fault window over ({len(self.started)} runs started in it)")
+                # A slow fleet may not have reached every kill point's N: each kind that
+                # never fired is armed at its first hit, by restarting a worker for it.
+                restarts = [asyncio.create_task(injector.restart(slot))
+                            for slot in fleet.end_window()]
+                if fleet.pending:
+                    self.say(f"never fired yet, armed again: {', '.join(fleet.pending)}")
             if now - last_progress > 5:
                 last_progress = now
                 await self._progress(pool, fleet)
             await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
         producer.result()
         self.say("all runs started; waiting for the system to drain")
-        drained = await self._wait_drained(fleet, pool, client, queue_url)
+        drained = await self._wait_drained(fleet, pool, client, queue_url, restarts)
         self.production_s = time.monotonic() - start
         return drained
 
@@ -340,7 +355,10 @@ class ChaosRun:
                  f"workers alive {fleet.alive()}")
 
     async def _wait_drained(self, fleet: Fleet, pool: asyncpg.Pool, client: Any,
-                            queue_url: str) -> float | None:
+                            queue_url: str, restarts: list[asyncio.Task[None]]
+                            ) -> float | None:
+        """Polls until the system is drained and no restart is under way; returns the seconds
+        since the last fault (I7), or None past the deadline."""
         deadline = time.monotonic() + self.config.drain_bound_s * 2
         last_progress = time.monotonic()
         while time.monotonic() < deadline:
@@ -348,7 +366,9 @@ class ChaosRun:
                 self.last_fault = time.monotonic()
                 self.say(f"worker {worker.slot}.{worker.incarnation} died after the window "
                          f"({worker.faults}); restarted")
-            if await self._drained(pool, client, queue_url):
+            if all(t.done() for t in restarts) and await self._drained(pool, client, queue_url):
+                for task in restarts:
+                    task.result()  # a restart that failed fails the run
                 return time.monotonic() - self.last_fault
             if time.monotonic() - last_progress > 5:
                 last_progress = time.monotonic()

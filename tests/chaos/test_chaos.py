@@ -3,8 +3,9 @@ kind of the schedule, invariants I1-I7 checked from the database and the downstr
 
 Real parts only: a throwaway PostgreSQL cluster of its own (restarted ``-m immediate``
 mid-run), moto's SQS server in its own process behind the fault proxy, worker processes and
-the relay as OS processes. A failure prints the seed and the whole fault schedule; the same
-``python -m bench.chaos --seed N --workflows N --workers N`` reproduces it.
+the relay as OS processes; one seed reaches Postgres through PgBouncer in transaction mode.
+A failure prints the seed and the whole fault schedule; the same ``python -m bench.chaos
+--seed N --workflows N --workers N [--pgbouncer]`` reproduces it.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ CI_WORKERS = 3
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", [11, 12])
-def test_chaos_invariants_hold(seed: int, tmp_path) -> None:
+@pytest.mark.parametrize(("seed", "route"), [(11, "direct"), (12, "direct"), (12, "pgbouncer")])
+def test_chaos_invariants_hold(seed: int, route: str, tmp_path) -> None:
+    # One seed also reaches Postgres through PgBouncer in transaction mode (6 server
+    # connections): the same faults, the same invariants, no session state to lose.
     report = run_chaos(ChaosConfig(seed=seed, workflows=CI_WORKFLOWS, workers=CI_WORKERS,
-                                   drain_bound_s=90.0, log_dir=tmp_path / f"chaos-{seed}"))
+                                   drain_bound_s=90.0, log_dir=tmp_path / f"chaos-{seed}",
+                                   pgbouncer=route == "pgbouncer"))
     assert report.ok, "\n" + report.text()
     # The run really was a chaos run: faults fired and work was redone, never doubled.
     assert report.fired.get("pg_restart", 0) >= 1
-    assert sum(v for k, v in report.fired.items() if k.startswith("kill@")) >= 6
+    kills = sum(v for k, v in report.fired.items() if k.startswith("kill@"))
+    assert kills >= 6
