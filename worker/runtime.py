@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from phasegate import metrics, redact
+from phasegate import metrics, redact, tracing
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
@@ -172,6 +172,7 @@ class Worker:
                                           linger_s=MARK_SENT_LINGER_S)
             sender = MicroBatcher[Outgoing](self.queue.send)
             self._delete, self._release = deleter.submit, releaser.submit
+            tracing.reset()  # decide once, now, whether the application configured an SDK
             self.transition = PhaseTransition(
                 store=self.store, queue=self.queue, dlq=self.dlq, registry=self.registry,
                 config=TransitionConfig(
