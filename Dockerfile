@@ -4,7 +4,11 @@
 # Stage 1 builds a virtualenv from the repository's own package (the same `pip install .`
 # the tests use, with the same constraints file). Stage 2 copies only that virtualenv onto a
 # clean slim base: no compiler, no pip, no build cache.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+#
+# The base is pinned by digest so a rebuild gets the same bytes; bump tag and digest together.
+# Where Docker Hub cannot be reached, scripts/image-test.sh passes a stand-in base built from
+# Debian packages with --build-arg PYTHON_IMAGE=... (python and pip in /usr/local/bin, as here).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
@@ -22,6 +26,20 @@ RUN /opt/venv/bin/pip install -c requirements-constraints.txt . \
  && /opt/venv/bin/phasegate --help > /dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="phasegate" \
+      org.opencontainers.image.description="Queue-driven, scale-to-zero worker fleet: phasegate worker, orchestrator, migrate, relay" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="https://github.com/phasegate/phasegate" \
+      org.opencontainers.image.url="https://github.com/phasegate/phasegate" \
+      org.opencontainers.image.documentation="https://github.com/phasegate/phasegate/tree/main/docs" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 # The uid/gid are fixed so Kubernetes runAsUser (chart value securityContext.runAsUser) and
 # the image agree; runAsNonRoot can verify a numeric USER.
 ARG PHASEGATE_UID=10001

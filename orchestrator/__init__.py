@@ -14,4 +14,4 @@ def __getattr__(name: str) -> Any:
         from phasegate.orchestrator.starter import start_workflow
 
         return start_workflow
-    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    raise AttributeError(f"module 'phasegate.orchestrator' has no attribute {name!r}")

@@ -1,8 +1,9 @@
 """The queue-depth exporter: what an HPA External metric (via prometheus-adapter) scales on.
 
-Every few seconds it reads the queue's Approximate* attributes and the age of the oldest
-unfinished run. A failed poll is logged and counted and the last good value stays exported
-(an HPA holds its scale on a missing metric too); the loop itself never dies of it.
+Every few seconds it reads the queue's (and the dead-letter queue's) Approximate* attributes,
+the age of the oldest unfinished run and the number of runs in each status. A failed poll is
+logged and counted and the last good value stays exported (an HPA holds its scale on a missing
+metric too); the loop itself never dies of it.
 """
 
 from __future__ import annotations
@@ -25,20 +26,30 @@ QUEUE_MESSAGES = Gauge(
 OLDEST_UNFINISHED = Gauge(
     "phasegate_oldest_unfinished_run_age_seconds",
     "Age of the oldest pending, running or awaiting_review run (database time).")
+DLQ_MESSAGES = Gauge(
+    "phasegate_dlq_messages",
+    "Messages in the dead-letter queue by state (SQS Approximate* attributes).", ["state"])
+RUNS = Gauge("phasegate_runs", "Workflow runs by status (database).", ["status"])
+RUN_STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
+                "needs_restart")
 EXPORTER_ERRORS = Counter(
     "phasegate_exporter_errors_total", "Exporter polls that failed, by source.", ["source"])
 EXPORTER_POLLS = Counter("phasegate_exporter_polls_total", "Exporter poll rounds.")
 
 for _state in ("visible", "inflight", "delayed"):
     QUEUE_MESSAGES.labels(_state)
-for _source in ("queue", "database"):
+    DLQ_MESSAGES.labels(_state)
+for _status in RUN_STATUSES:
+    RUNS.labels(_status)
+for _source in ("queue", "dlq", "database"):
     EXPORTER_ERRORS.labels(_source)
 
 
 class QueueDepthExporter:
     def __init__(self, *, queue: Queue | None, views: Views | None,
-                 interval_s: float = 5.0) -> None:
+                 interval_s: float = 5.0, dlq: Queue | None = None) -> None:
         self.queue = queue
+        self.dlq = dlq
         self.views = views
         self.interval_s = interval_s
         self.last_depth: QueueDepth | None = None
@@ -69,11 +80,24 @@ class QueueDepthExporter:
                 QUEUE_MESSAGES.labels("visible").set(depth.visible)
                 QUEUE_MESSAGES.labels("inflight").set(depth.inflight)
                 QUEUE_MESSAGES.labels("delayed").set(depth.delayed)
+        if self.dlq is not None:
+            try:
+                dlq = await self.dlq.depth()
+            except Exception as exc:
+                self._failed("dlq", exc)
+            else:
+                DLQ_MESSAGES.labels("visible").set(dlq.visible)
+                DLQ_MESSAGES.labels("inflight").set(dlq.inflight)
+                DLQ_MESSAGES.labels("delayed").set(dlq.delayed)
         if self.views is not None:
             try:
                 OLDEST_UNFINISHED.set(await self.views.oldest_unfinished_age_s())
+                counts = await self.views.runs_by_status()
             except Exception as exc:
                 self._failed("database", exc)
+            else:
+                for status in sorted(set(RUN_STATUSES) | set(counts)):
+                    RUNS.labels(status).set(counts.get(status, 0))
 
     def _failed(self, source: str, exc: Exception) -> None:
         EXPORTER_ERRORS.labels(source).inc()

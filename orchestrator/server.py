@@ -131,8 +131,10 @@ class Orchestrator:
                                       stall_after_s=settings.relay_stall_after_s)
                         self._regional_relays.append(relay)
                         tasks[f"relay-{region}"] = relay.run
+                # The DLQ shares the work queue's client (one connection pool, one identity).
+                dlq = queue.sibling(settings.dlq_url) if settings.dlq_url else None
                 self._exporter = QueueDepthExporter(
-                    queue=queue, views=control.views,
+                    queue=queue, views=control.views, dlq=dlq,
                     interval_s=self.options.exporter_interval_s)
                 tasks["exporter"] = self._exporter.run
                 if self._stop.is_set():

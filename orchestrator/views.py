@@ -237,3 +237,7 @@ class Views:
 
     async def oldest_unfinished_age_s(self) -> float:
         return float(await self.pool.fetchval(self._q["oldest_unfinished_age"]))
+
+    async def runs_by_status(self) -> dict[str, int]:
+        rows = await self.pool.fetch(self._q["runs_by_status"])
+        return {r["status"]: int(r["runs"]) for r in rows}

@@ -254,10 +254,14 @@ main.add_command(cli_control.merge)
 @click.option("--modules", "workflow_modules",
               help="The workflow modules about to be rolled out (PHASEGATE_WORKFLOW_MODULES).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per workflow.")
-def versions(workflow_modules: str | None, as_json: bool) -> None:
+@click.option("--max-restart-share", type=click.FloatRange(0, 1), default=None,
+              help="Exit 1 when more than this share (0..1) of unfinished runs would stop at "
+                   "needs_restart (the chart's pre-upgrade gate).")
+def versions(workflow_modules: str | None, as_json: bool,
+             max_restart_share: float | None) -> None:
     """Before a rollout: per workflow, how many unfinished runs the loaded code would resume
     as they are (recoverable), upcast, or stop at needs_restart."""
-    from phasegate.versions import format_report, version_report
+    from phasegate.versions import format_report, restart_gate, version_report
 
     settings = require(settings_from(workflow_modules=workflow_modules), "database_url")
     registry = load_registry(settings)
@@ -273,6 +277,13 @@ def versions(workflow_modules: str | None, as_json: bool) -> None:
                 click.echo(json.dumps(row.as_dict(), sort_keys=True))
         else:
             click.echo(format_report(report))
+        if max_restart_share is not None:
+            refusal = restart_gate(report, max_restart_share)
+            if refusal is not None:
+                click.echo(f"upgrade refused: {refusal}", err=True)
+                raise SystemExit(1)
+            click.echo(f"upgrade allowed: at most {max_restart_share:.1%} of unfinished runs "
+                       "would need a restart", err=True)
 
     asyncio.run(run())
 

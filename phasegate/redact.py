@@ -31,7 +31,7 @@ MAX_FRAMES = 30
 ROUTING_FIELDS = ("v", "kind", "workflow_id", "workflow", "seq", "phase", "branch",
                   "traceparent", "classification", "region")
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.:/-]{0,200}$")
-_OWN_MODULES = ("worker.", "orchestrator.")
+_OWN_MODULES = ("phasegate.",)
 
 
 def digest(text: str) -> dict[str, Any]:

@@ -102,6 +102,17 @@ class Settings(BaseSettings):
     # -- observability
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(default=9100, ge=0, le=65535)
+
+    # -- checkpoint-aware scale-in (the chart's worker.deletionCost)
+    deletion_cost: bool = Field(default=False, description=(
+        "Keep this pod's controller.kubernetes.io/pod-deletion-cost current (idle lowest, "
+        "long uncommitted work highest) so a scale-in removes idle pods first."))
+    deletion_cost_interval_s: float = Field(default=10.0, ge=1, description=(
+        "Least seconds between two deletion-cost patches of the pod."))
+    pod_name: str | None = Field(default=None, description=(
+        "This worker's pod (downward API metadata.name); the deletion cost patches it."))
+    pod_namespace: str | None = Field(default=None, description=(
+        "This worker's namespace (downward API metadata.namespace)."))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
 

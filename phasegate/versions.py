@@ -163,3 +163,16 @@ def format_report(report: list[VersionRow]) -> str:
     if not report:
         out.append("(no unfinished runs)")
     return "\n".join(out)
+
+
+def restart_gate(report: list[VersionRow], max_share: float) -> str | None:
+    """Why a rollout must stop, or None: the share of unfinished runs that would stop at
+    ``needs_restart`` exceeds ``max_share`` (0..1). The message names each workflow."""
+    total = sum(row.in_flight for row in report)
+    restart = sum(row.needs_restart for row in report)
+    if total == 0 or restart / total <= max_share:
+        return None
+    names = ", ".join(f"{row.workflow} ({row.needs_restart} of {row.in_flight})"
+                      for row in report if row.needs_restart)
+    return (f"{restart} of {total} unfinished runs ({restart / total:.1%}) would need a "
+            f"restart, more than the allowed {max_share:.1%}: {names}")

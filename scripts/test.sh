@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, the documentation site, unit + integration tests against
-# real PostgreSQL and a real SQS server over HTTP (moto), chart/manifest tests, and the engine's
-# end-to-end test once more against LocalStack. Starts every service it needs. Args go to pytest.
+# real PostgreSQL and a real SQS server over HTTP (moto), chart/manifest tests, the image built
+# and run as the chart runs it (scripts/image-test.sh), and the engine's end-to-end test once
+# more against LocalStack. Starts every service it needs. Args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -20,9 +21,15 @@ echo "== docs (mkdocs build --strict)"
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+echo "== chart README (readme-generator-for-helm) is current"
+.venv/bin/python scripts/chart_readme.py --check
 echo "== pytest"
 # Exit status 5 (no tests collected) fails this script like any other failure.
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ $# -eq 0 ]; then
+  echo "== the image, built and run as the chart's pod specs run it"
+  bash scripts/image-test.sh
+fi
 if [ -f scripts/localstack-e2e.sh ] && [ -z "${PHASEGATE_SKIP_LOCALSTACK:-}" ] && [ $# -eq 0 ]; then
   echo "== engine end-to-end against LocalStack"
   bash scripts/localstack-e2e.sh

@@ -1,5 +1,5 @@
-"""A tiny threaded HTTP server answering GETs with JSON, for the local stand-ins of remote
-APIs the tests talk to (no kube-apiserver can run on the build machines)."""
+"""A tiny threaded HTTP server answering GETs (and recording PATCHes) with JSON, for the local
+stand-ins of remote APIs the tests talk to (no kube-apiserver can run on the build machines)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ Responder = Callable[[str, Any], tuple[int, dict[str, Any]]]
 
 
 class JsonServer:
+    """GETs answered by ``respond``; PATCH bodies are recorded in ``patches`` (path,
+    content type, JSON body) and answered by ``respond`` too."""
+
     def __init__(self, respond: Responder) -> None:
+        outer = self
+        self.patches: list[tuple[str, str | None, Any]] = []
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 code, body = respond(self.path, self.headers)
@@ -24,6 +29,12 @@ class JsonServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_PATCH(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                outer.patches.append((self.path, self.headers.get("Content-Type"), body))
+                self.do_GET()
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

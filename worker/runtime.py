@@ -27,6 +27,7 @@ from phasegate.residency import StoreRouter, stores_from_settings
 from phasegate.settings import Settings
 from phasegate.store import Store, create_pool
 from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
 from phasegate.worker.probes import ProbeServer
 from phasegate.worker.startup import (
@@ -190,6 +191,11 @@ class Worker:
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
                 ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
                 ("sender", sender.run()))}
+            # Best effort by design: the updater swallows its own failures, so it can never
+            # be the side task that stops the worker.
+            cost = updater_from_settings(self.settings, self._uncommitted_seconds)
+            if cost is not None:
+                side.add(asyncio.create_task(cost.run(), name="deletion_cost"))
             emergency = EmergencyController(self, self.watchdog_settings)
             watchdog: Watchdog | None = start_watchdog(
                 self.watchdog_settings, asyncio.get_running_loop(), emergency.submit)
@@ -215,6 +221,13 @@ class Worker:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
             log.info("worker_stopped")
+
+    def _uncommitted_seconds(self) -> list[float]:
+        """Seconds each running phase has worked since its message was taken (uncommitted)."""
+        if self.transition is None:
+            return []
+        now = time.monotonic()
+        return [now - phase.started for phase in self.transition.running.values()]
 
     async def _supervise(self, main: Awaitable[None], side: set[asyncio.Task[Any]]) -> None:
         """Run the receive loop while watching the side tasks; a dead side task stops all."""

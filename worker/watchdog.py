@@ -9,7 +9,8 @@ Signals, in the order they usually warn:
   an ``avg10`` threshold.
 - **Headroom**: the working set (usage minus inactive file cache) against ``memory.high`` /
   the limit. A fast heap spike produces no PSI event at all before the OOM kill, so this is
-  the only warning that case can get, and only if a sample lands in time.
+  the only warning that case can get, and only if a sample lands in time. On a host
+  without PSI (cgroup v1) but with a memory limit, headroom is polled alone.
 - **memory.events** increments (``high``, ``max``; ``oom_kill`` is counted, too late to act).
 - **CPU throttling** (``cpu.stat``) and ``cpu.pressure``: metrics only, a leading indicator.
 
@@ -49,7 +50,8 @@ PSI_MAX_WINDOW_US = 10_000_000
 PSI_UNPRIVILEGED_WINDOW_STEP_US = 2_000_000
 
 AVAILABLE = Gauge("phasegate_watchdog_available",
-                  "1 when the memory watchdog runs (cgroup v2 PSI found), 0 when it stood down.")
+                  "1 when the memory watchdog runs (PSI and/or headroom against a memory "
+                  "limit), 0 when it stood down.")
 MODE = Gauge("phasegate_watchdog_psi_trigger",
              "1 when a PSI trigger is registered (POLLPRI), 0 when memory.pressure is polled.")
 MEMORY_PRESSURE = Gauge("phasegate_memory_pressure_ratio",
@@ -328,10 +330,11 @@ def start_watchdog(settings: WatchdogSettings, loop: asyncio.AbstractEventLoop,
         log.info("watchdog_disabled", setting="PHASEGATE_WATCHDOG_ENABLED")
         return None
     paths = paths or cgroups.discover()
-    if not paths.available:
+    if not paths.available and not _has_memory_limit(paths):
         AVAILABLE.set(0)
         log.warning("watchdog_standing_down",
-                    reason="no cgroup v2 memory.pressure (PSI) for this process",
+                    reason="no cgroup v2 memory.pressure (PSI) and no memory limit to "
+                           "measure headroom against for this process",
                     **cgroups.describe(paths))
         return None
     watchdog = Watchdog(settings, paths, loop, callback)
@@ -340,7 +343,21 @@ def start_watchdog(settings: WatchdogSettings, loop: asyncio.AbstractEventLoop,
     AVAILABLE.set(1)
     UNDER_PRESSURE.set(0)
     watchdog.start()
-    log.info("watchdog_started", psi_trigger=trigger,
-             trigger=f"some {settings.psi_stall_us} {settings.psi_window_us}",
-             headroom_ratio=settings.headroom_ratio, **cgroups.describe(paths))
+    if paths.available:
+        log.info("watchdog_started", psi_trigger=trigger, signals="psi,headroom",
+                 trigger=f"some {settings.psi_stall_us} {settings.psi_window_us}",
+                 headroom_ratio=settings.headroom_ratio, **cgroups.describe(paths))
+    else:
+        # A cgroup v1 host (Docker on an older distribution, some CI runners): no PSI, but
+        # the v1 limit and usage are there. Headroom is the only warning a fast heap spike
+        # gives anyway, so polling it is worth running alone.
+        log.warning("watchdog_headroom_only", signals="headroom",
+                    reason="no cgroup v2 memory.pressure (PSI) for this process",
+                    headroom_ratio=settings.headroom_ratio, **cgroups.describe(paths))
     return watchdog
+
+
+def _has_memory_limit(paths: CgroupPaths) -> bool:
+    """True when usage can be read against a finite limit (v2 ``memory.max`` or v1)."""
+    memory = cgroups.read_memory(paths)
+    return memory is not None and memory.ratio is not None

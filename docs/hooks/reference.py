@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
 ENVELOPE_SCHEMA_FILE = REFERENCE / "envelope-v1.schema.json"
@@ -296,32 +298,41 @@ def cli_markdown() -> str:
     return "\n".join(out)
 
 
+_PARAM = re.compile(r"^\s*## @(?P<tag>param|extra) (?P<key>\S+)(?: \[[^\]]*\])? (?P<text>.*)$")
+
+
+def _lookup(values: Any, dotted: str) -> Any:
+    """``values`` at a dotted key; label maps may have dots in their own keys, so the longest
+    remaining key that exists wins."""
+    parts = dotted.split(".")
+    node = values
+    while parts:
+        for size in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:size])
+            if isinstance(node, dict) and candidate in node:
+                node, parts = node[candidate], parts[size:]
+                break
+        else:
+            raise KeyError(dotted)
+    return node
+
+
 def _values_entries() -> Iterator[tuple[str, str, str]]:
-    """(dotted key, default, comment) for every ``# --`` documented key in values.yaml."""
-    key_line = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*):(?P<value>.*)$")
-    stack: list[tuple[int, str]] = []
-    comment: list[str] = []
-    for line in VALUES_FILE.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("# --"):
-            comment = [stripped[4:].strip()]
-            continue
-        if stripped.startswith("#") and comment:
-            comment.append(stripped.lstrip("#").strip())
-            continue
-        match = key_line.match(line)
+    """(dotted key, default, description) for every ``## @param``/``@extra`` in values.yaml
+    (the readme-generator-for-helm metadata the chart README is generated from)."""
+    text = VALUES_FILE.read_text()
+    values = yaml.safe_load(text)
+    for line in text.splitlines():
+        match = _PARAM.match(line)
         if not match:
-            if not stripped.startswith("#"):
-                comment = []
             continue
-        indent = len(match["indent"])
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        stack.append((indent, match["key"]))
-        if comment:
-            value = match["value"].split(" #", 1)[0].strip()
-            yield ".".join(k for _, k in stack), value, " ".join(comment)
-        comment = []
+        value = _lookup(values, match["key"])
+        if isinstance(value, dict) and value:
+            default = ""
+        else:
+            default = yaml.safe_dump(value, default_flow_style=True).strip()
+            default = default.removesuffix("...").strip()
+        yield match["key"], default, match["text"].strip()
 
 
 def chart_values_markdown() -> str:

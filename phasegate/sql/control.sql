@@ -71,6 +71,12 @@ SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
   FROM workflow_runs
  WHERE status IN ('pending', 'running', 'awaiting_review');
 
+-- name: runs_by_status
+-- The exporter's phasegate_runs gauge: an index-only scan of workflow_runs_status_idx.
+SELECT status, count(*)::bigint AS runs
+  FROM workflow_runs
+ GROUP BY status;
+
 -- name: resume_run
 -- retry, restart, approve, reject: the run back to running under a new epoch, the message
 -- that resumes it in the outbox, and the action in the log -- one statement, applied only if

@@ -6,6 +6,7 @@ A `helm` binary on PATH is used when present; otherwise the engine bundled in th
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
@@ -63,18 +64,34 @@ def _parse(stream: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(stream) if doc]
 
 
+# What a cluster with KEDA installed serves (``helm template --api-versions``).
+KEDA_API_VERSIONS = ("keda.sh/v1alpha1", "keda.sh/v1alpha1/ScaledObject",
+                     "keda.sh/v1alpha1/TriggerAuthentication",
+                     "keda.sh/v1alpha1/ClusterTriggerAuthentication")
+
+
 def render(
-    values: dict[str, Any], chart_dir: Path = CHART_DIR, release: str = RELEASE
+    values: dict[str, Any], chart_dir: Path = CHART_DIR, release: str = RELEASE,
+    api_versions: tuple[str, ...] = (), is_upgrade: bool = False,
 ) -> Rendered:
+    """Render as ``helm template`` would; ``api_versions`` are the extra APIs the cluster
+    serves (``.Capabilities.APIVersions``), e.g. ``KEDA_API_VERSIONS``."""
     helm = shutil.which("helm")
     if helm:
-        return _render_with_binary(helm, values, chart_dir, release)
+        return _render_with_binary(helm, values, chart_dir, release, api_versions, is_upgrade)
     import helm_python
+    from helm_python import _native
 
+    # Chart.render() does not expose the engine's api_versions/kube_version options; the
+    # bundled engine takes them in the same options document.
+    opts = {"name": release, "namespace": NAMESPACE, "is_install": not is_upgrade,
+            "is_upgrade": is_upgrade, "kube_version": f"v{KUBE_VERSION}",
+            "api_versions": list(api_versions)}
     try:
         with helm_python.Chart.load(chart_dir) as chart:
             chart.validate_schema(values)
-            files = chart.render(values, name=release, namespace=NAMESPACE, is_install=True)
+            files: dict[str, str] = json.loads(_native.call_string(
+                "helm_render", chart._raw(), json.dumps(values), json.dumps(opts)))
     except (helm_python.HelmRenderError, helm_python.HelmValuesError) as exc:
         raise RenderError(str(exc)) from exc
     objects: list[dict[str, Any]] = []
@@ -88,14 +105,18 @@ def render(
 
 
 def _render_with_binary(
-    helm: str, values: dict[str, Any], chart_dir: Path, release: str
+    helm: str, values: dict[str, Any], chart_dir: Path, release: str,
+    api_versions: tuple[str, ...], is_upgrade: bool,
 ) -> Rendered:
+    extra = [arg for version in api_versions for arg in ("--api-versions", version)]
+    if is_upgrade:
+        extra.append("--is-upgrade")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as fh:
         yaml.safe_dump(values, fh)
         fh.flush()
         proc = subprocess.run(
             [helm, "template", release, str(chart_dir), "--namespace", NAMESPACE,
-             "--kube-version", KUBE_VERSION, "--values", fh.name],
+             "--kube-version", KUBE_VERSION, "--values", fh.name, *extra],
             capture_output=True, text=True, check=False,
         )
     if proc.returncode != 0:

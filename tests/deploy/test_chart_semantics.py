@@ -17,8 +17,11 @@ AWS_KEY_ENV = re.compile(r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN)$
 
 
 def mode_of(scenario: str) -> str:
+    """The autoscaler a scenario renders. The session renders see no KEDA API, so the
+    default ``auto`` resolves to the HPA (tests/deploy/test_chart_autoscaling.py covers KEDA)."""
     values = chart.load_values(chart.SCENARIO_DIR / f"{scenario}-values.yaml")
-    return values.get("autoscaling", {}).get("mode", "hpa")
+    mode = values.get("autoscaling", {}).get("mode", "auto")
+    return "hpa" if mode == "auto" else mode
 
 
 SCENARIOS = [p.name.removesuffix("-values.yaml") for p in chart.scenarios()]
@@ -36,6 +39,18 @@ def test_scenarios_cover_every_mode():
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_scenario_needs_the_hpa_scale_to_zero_gate(scenario, rendered):
+    """Stock EKS has no HPAScaleToZero gate: every HPA the scenarios render keeps a worker,
+    and every ScaledObject bounds its range sensibly."""
+    for hpa in rendered[scenario].of_kind("HorizontalPodAutoscaler"):
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    for so in rendered[scenario].of_kind("ScaledObject"):
+        spec = so["spec"]
+        assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        assert spec["pollingInterval"] >= 1 and spec["cooldownPeriod"] >= 0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_worker_replicas_left_to_the_autoscaler(scenario, rendered):
     worker = rendered[scenario].one("Deployment", "-worker")
     if mode_of(scenario) == "none":
@@ -44,11 +59,11 @@ def test_worker_replicas_left_to_the_autoscaler(scenario, rendered):
         assert "replicas" not in worker["spec"]
 
 
-def test_hpa_scales_to_zero_on_visible_plus_inflight(rendered):
+def test_hpa_scales_on_visible_plus_inflight(rendered):
     r = rendered["default"]
     hpa = r.one("HorizontalPodAutoscaler")
     spec = hpa["spec"]
-    assert spec["minReplicas"] == 0
+    assert spec["minReplicas"] == 1, "stock EKS rejects 0 (no HPAScaleToZero gate)"
     assert spec["maxReplicas"] >= 1
     assert spec["scaleTargetRef"] == {
         "apiVersion": "apps/v1", "kind": "Deployment",

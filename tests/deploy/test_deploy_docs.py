@@ -88,7 +88,10 @@ def test_queue_snippet_sets_fifo_redrive_kms_and_visibility():
 def test_the_documented_values_install(helm_home):
     (example,) = [b for b in blocks("yaml") if "fargate:" in b and "config:" in b]
     filled = example.replace("ACCOUNT_ID", "123456789012").replace("REGION", "eu-west-1")
-    rendered = chart.render(yaml.safe_load(filled))
+    # The page installs KEDA first, so `auto` finds its API.
+    rendered = chart.render(yaml.safe_load(filled), api_versions=chart.KEDA_API_VERSIONS)
     kinds = {o["kind"] for o in rendered.objects}
     assert "ScaledObject" in kinds and "HorizontalPodAutoscaler" not in kinds
+    labels = rendered.one("Deployment", "-worker")["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "data-platform"
     assert not rendered.of_kind("Secret")  # the DSN comes from the Secret created beforehand

@@ -34,8 +34,17 @@ def test_multi_stage_on_a_slim_python_base(stages, pyproject):
     assert len(stages) >= 2
     wanted = pyproject["project"]["requires-python"].removeprefix(">=")
     for stage in stages:
-        assert re.fullmatch(r"python:(\d+\.\d+)(\.\d+)?-slim(-\w+)?", stage.image), stage.image
+        assert re.fullmatch(r"python:(\d+\.\d+)(\.\d+)?-slim(-\w+)?@sha256:[0-9a-f]{64}",
+                            stage.image), f"{stage.image}: the base is pinned by digest"
         assert stage.image.startswith(f"python:{wanted}")
+
+
+def test_final_stage_carries_oci_labels(stages, pyproject):
+    labels = " ".join(i.args for i in stages[-1].all("LABEL"))
+    for key in ("title", "description", "version", "revision", "created", "source",
+                "licenses", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert f'licenses="{pyproject["project"]["license"]}"' in labels
 
 
 def test_build_stage_installs_the_repository_package_with_the_constraints(stages, pyproject):

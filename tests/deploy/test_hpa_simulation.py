@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from tests.deploy import chart
 from tests.deploy.fleet import Fleet
 from tests.deploy.hpa import (
     HorizontalPodAutoscaler,
@@ -18,14 +19,24 @@ from tests.deploy.hpa import (
 )
 
 
-@pytest.fixture
-def spec(rendered) -> HpaSpec:
-    return HpaSpec.from_manifest(rendered["default"].one("HorizontalPodAutoscaler"))
+@pytest.fixture(scope="module")
+def scale_to_zero(helm_home) -> chart.Rendered:
+    """The default scenario on a cluster with the HPAScaleToZero gate (scaleToZero: true)."""
+    values = chart.merge_values(chart.load_values(chart.SCENARIO_DIR / "default-values.yaml"),
+                                {"autoscaling": {"hpa": {"scaleToZero": True}}})
+    return chart.render(values)
 
 
 @pytest.fixture
-def fleet(rendered, spec) -> Fleet:
-    config = rendered["default"].one("ConfigMap", "-config")["data"]
+def spec(scale_to_zero) -> HpaSpec:
+    hpa = scale_to_zero.one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["minReplicas"] == 0
+    return HpaSpec.from_manifest(hpa)
+
+
+@pytest.fixture
+def fleet(scale_to_zero, spec) -> Fleet:
+    config = scale_to_zero.one("ConfigMap", "-config")["data"]
     fleet = Fleet(hpa=HorizontalPodAutoscaler(spec),
                   concurrency=int(config["PHASEGATE_CONCURRENCY"]),
                   shutdown_grace_s=float(config["PHASEGATE_SHUTDOWN_GRACE_S"]))

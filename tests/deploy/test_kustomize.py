@@ -4,6 +4,7 @@ stays equivalent to the chart rendered with the values it declares (k8s/**/chart
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,9 +35,23 @@ def build(directory: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+# configMapGenerator appends a hash of the content to the name (and to every reference).
+GENERATED_HASH = re.compile(r"^(phasegate-config)-[a-z0-9]{10}$")
+
+
+def _unhash(name: str) -> str:
+    return GENERATED_HASH.sub(r"\1", name)
+
+
 def normalize(obj: dict[str, Any]) -> dict[str, Any]:
     obj = copy.deepcopy(obj)
     meta = obj["metadata"]
+    meta["name"] = _unhash(meta["name"])
+    pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+    for container in pod.get("containers", []):
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                source["configMapRef"]["name"] = _unhash(source["configMapRef"]["name"])
     meta.pop("namespace", None)
     # The namespace is chosen at install time, for a binding's ServiceAccount subjects too
     # (test_rolebinding_subjects_follow_the_namespace checks what kustomize puts there).
@@ -58,7 +73,8 @@ def normalize(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def keyed(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(o["kind"], o["metadata"]["name"]): normalize(o) for o in objects}
+    normalized = [normalize(o) for o in objects]
+    return {(o["kind"], o["metadata"]["name"]): o for o in normalized}
 
 
 def chart_equivalent(values_files: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -118,3 +134,48 @@ def test_rolebinding_subjects_follow_the_namespace(directory, namespace):
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts
             assert subject.get("namespace") == namespace
+
+
+def _config_ref(objects: list[dict[str, Any]], deployment: str) -> str:
+    (obj,) = [o for o in objects if o["kind"] == "Deployment"
+              and o["metadata"]["name"] == deployment]
+    (source,) = obj["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    name: str = source["configMapRef"]["name"]
+    return name
+
+
+def test_a_config_edit_renames_the_configmap_so_the_pods_roll(tmp_path):
+    copy_of = tmp_path / "k8s"
+    shutil.copytree(K8S, copy_of)
+    before = build("base")
+    env = copy_of / "base" / "config.env"
+    env.write_text(env.read_text().replace("PHASEGATE_CONCURRENCY=4", "PHASEGATE_CONCURRENCY=8"))
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(copy_of / "base")],
+                          capture_output=True, text=True, check=True)
+    after = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    for deployment in ("phasegate-worker", "phasegate-orchestrator"):
+        old, new = _config_ref(before, deployment), _config_ref(after, deployment)
+        assert GENERATED_HASH.match(old) and GENERATED_HASH.match(new)
+        assert old != new, "the pod template changed, so the Deployment rolls"
+    (cm,) = [o for o in after if o["kind"] == "ConfigMap"
+             and GENERATED_HASH.match(o["metadata"]["name"])]
+    assert cm["data"]["PHASEGATE_CONCURRENCY"] == "8"
+
+
+def test_an_images_entry_sets_every_phasegate_container(tmp_path):
+    shutil.copytree(K8S, tmp_path / "k8s")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../k8s/base", "../k8s/migrate"],
+        "images": [{"name": "phasegate", "newName": "123456789012.dkr.ecr.eu-west-1"
+                    ".amazonaws.com/phasegate", "newTag": "1.2.3"}]}))
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True,
+                          check=True)
+    images = [c["image"] for o in yaml.safe_load_all(proc.stdout) if o and "template" in o.get(
+        "spec", {}) for c in o["spec"]["template"]["spec"]["containers"]]
+    assert len(images) == 3
+    assert set(images) == {"123456789012.dkr.ecr.eu-west-1.amazonaws.com/phasegate:1.2.3"}

@@ -65,6 +65,13 @@ def test_compose_stack_runs_every_part_from_one_image():
         assert services[name]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully")
     assert services["orchestrator"]["environment"]["PHASEGATE_API_HOST"] == "0.0.0.0"
+    # It runs the shipped sample workflow unless told otherwise, and says how to start one.
+    modules = services["worker"]["environment"]["PHASEGATE_WORKFLOW_MODULES"]
+    assert modules == "${PHASEGATE_WORKFLOW_MODULES:-worker.samples}"
+    from phasegate.samples import pipeline
+
+    text = (LOCALSTACK / "compose.yaml").read_text()
+    assert f"phasegate start {pipeline.name}" in text
     # Same stop contract as the chart: the drain fits inside the stop grace.
     grace = int(services["worker"]["stop_grace_period"].removesuffix("s"))
     values = chart.load_values(chart.CHART_DIR / "values.yaml")

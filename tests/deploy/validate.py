@@ -21,7 +21,9 @@ SCHEMA_DIR = Path(__file__).parent / "schemas"
 CUSTOM_RESOURCES = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda-scaledobject.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): "keda-triggerauthentication.json",
+    ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"): "keda-clustertriggerauthentication.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.json",
 }
 
 

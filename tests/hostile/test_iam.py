@@ -143,6 +143,8 @@ async def test_documented_policies_let_every_process_do_its_work(enforcing_moto,
             await wait_for(lambda: _ready(api), timeout=60, what="orchestrator ready")
             metrics = (await api.get("/metrics")).text
         assert 'phasegate_queue_messages{state="visible"}' in metrics  # the exporter's read
+        # The DLQ depth read is allowed too (its own statement in the orchestrator's policy).
+        assert 'phasegate_exporter_errors_total{source="dlq"} 0.0' in metrics
         assert worker.alive() == [None] and relay.poll() is None
     finally:
         codes = worker.stop()

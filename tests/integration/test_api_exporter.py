@@ -49,6 +49,32 @@ async def test_exports_queue_depth_by_state_and_oldest_unfinished_age(settings: 
     assert exporter.last_depth is not None and exporter.last_error is None
 
 
+async def test_exports_dlq_depth_and_runs_by_status(settings: Settings) -> None:
+    await send_raw(settings, {"poison": 1}, group="p1", url=settings.dlq_url)
+    await send_raw(settings, {"poison": 2}, group="p2", url=settings.dlq_url)
+    await fetch(settings.database_url or "", "INSERT INTO workflow_runs (workflow_id, workflow, "
+                "schema_version, status) VALUES ('r1', 'chain', 1, 'running'), "
+                "('r2', 'chain', 1, 'running'), ('f1', 'chain', 1, 'failed')")
+    pool = await create_pool(settings.database_url or "", min_size=1, max_size=2)
+    try:
+        async with queue_for(settings) as queue:
+            exporter = QueueDepthExporter(queue=queue, views=Views(pool), interval_s=60,
+                                          dlq=queue.sibling(settings.dlq_url or ""))
+            await exporter.poll_once()
+            assert exporter.last_error is None
+            await fetch(settings.database_url or "",
+                        "UPDATE workflow_runs SET status = 'completed' WHERE status = 'failed'")
+            await exporter.poll_once()
+    finally:
+        await pool.close()
+    assert sample("phasegate_dlq_messages", state="visible") == 2
+    assert sample("phasegate_queue_messages", state="visible") == 0
+    assert sample("phasegate_runs", status="running") == 2
+    assert sample("phasegate_runs", status="completed") == 1
+    assert sample("phasegate_runs", status="failed") == 0, "a status that emptied reads 0"
+    assert sample("phasegate_runs", status="cancelled") == 0
+
+
 async def test_failed_polls_are_counted_logged_and_survived(settings: Settings) -> None:
     pool = await create_pool(settings.database_url or "", min_size=1, max_size=1)
     await pool.close()  # every database call now fails

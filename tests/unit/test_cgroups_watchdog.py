@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from phasegate.worker import cgroups, watchdog
 from phasegate.worker.cgroups import CgroupPaths
@@ -149,6 +150,47 @@ async def test_standing_down_without_psi(tmp_path):
     disabled = SETTINGS.model_copy(update={"enabled": False})
     assert watchdog.start_watchdog(disabled, asyncio.get_running_loop(), lambda e: None,
                                    paths=tree(tmp_path)) is None
+    assert watchdog.AVAILABLE._value.get() == 0
+
+
+def v1_tree(directory: Path, usage: int, limit: int = 1000) -> CgroupPaths:
+    """A container's view on a cgroup v1 host: the v1 memory controller, no cgroup2, no PSI."""
+    (directory / "cgroup.procs").write_text("1\n")
+    (directory / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (directory / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (directory / "memory.stat").write_text("total_inactive_file 50\n")
+    (directory / "memory.failcnt").write_text("0\n")
+    return CgroupPaths("legacy", None, directory, None, None, None)
+
+
+async def test_cgroup_v1_without_psi_runs_on_headroom_alone(tmp_path):
+    paths = v1_tree(tmp_path, usage=300)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[PressureEvent] = asyncio.Queue()
+    with capture_logs() as logs:
+        thread = watchdog.start_watchdog(SETTINGS, loop, events.put_nowait, paths=paths)
+    assert thread is not None, "a v1 memory limit is enough to watch headroom"
+    try:
+        assert [e["event"] for e in logs] == ["watchdog_headroom_only"]
+        assert watchdog.AVAILABLE._value.get() == 1
+        # usage 1000 - inactive file 50 = 950 of a 1000-byte limit: over the 0.90 line.
+        (tmp_path / "memory.usage_in_bytes").write_text("1000\n")
+        event = await next_event(events)
+        assert (event.kind, event.reason, event.detail["ratio"]) == ("pressure", "headroom",
+                                                                     0.95)
+        assert watchdog.WORKING_SET._value.get() == 950
+        assert watchdog.MEMORY_LIMIT._value.get() == 1000
+    finally:
+        thread.stop()
+
+
+async def test_cgroup_v1_without_a_limit_still_stands_down(tmp_path):
+    paths = v1_tree(tmp_path, usage=300, limit=cgroups.V1_UNLIMITED)
+    with capture_logs() as logs:
+        started = watchdog.start_watchdog(SETTINGS, asyncio.get_running_loop(),
+                                          lambda e: None, paths=paths)
+    assert started is None
+    assert [e["event"] for e in logs] == ["watchdog_standing_down"]
     assert watchdog.AVAILABLE._value.get() == 0
 
 

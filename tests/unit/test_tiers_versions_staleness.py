@@ -9,7 +9,7 @@ import pytest
 from phasegate import Context, Registry, Workflow, WorkflowDefinitionError
 from phasegate.staleness import Observations, StalenessError, approved, check, review_for
 from phasegate.tiers import Grade, decide, grade
-from phasegate.versions import NeedsRestart, build_report, format_report, upcast
+from phasegate.versions import NeedsRestart, build_report, format_report, restart_gate, upcast
 
 
 def level(n: int) -> Any:
@@ -97,6 +97,20 @@ def test_versions_report_classifies_runs_as_a_worker_would():
     assert rows["gone"].needs_restart == 1 and rows["gone"].note
     text = format_report(report)
     assert "needs_restart" in text and "not in the loaded" in text
+
+
+def test_restart_gate_refuses_above_the_share_and_names_the_workflows():
+    wf = Workflow("w", schema_version=3)
+    wf.phase("p")(_noop)
+    # 6 recoverable (input or v3), 5 at v1 with no upcaster, 1 of a workflow no longer loaded.
+    report = build_report([("w", True, None, 4), ("w", False, 3, 2), ("w", False, 1, 5),
+                           ("gone", False, 1, 1)], Registry([wf]))
+    refusal = restart_gate(report, 0.25)
+    assert refusal is not None
+    assert refusal.startswith("6 of 12 unfinished runs (50.0%)")
+    assert "w (5 of 11)" in refusal and "gone (1 of 1)" in refusal
+    assert restart_gate(report, 0.5) is None, "exactly at the share is allowed"
+    assert restart_gate([], 0.0) is None, "no unfinished runs: nothing to refuse"
 
 
 async def _noop(ctx: Context, state: Any) -> Any:

@@ -45,6 +45,43 @@ app.kubernetes.io/part-of: phasegate
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/*
+Labels of a pod template; call with (dict "ctx" $ "component" "worker" "extra" .Values.worker.podLabels).
+The selector labels, the version and part-of, commonLabels (Fargate profiles select on pod
+labels) and the Fargate profile labels. Selectors never include the version.
+*/}}
+{{- define "phasegate.podLabels" -}}
+{{ include "phasegate.componentSelectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: phasegate
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- with (include "phasegate.fargateLabels" .ctx) }}
+{{ . }}
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The autoscaler this install renders: hpa, keda or none. "auto" picks KEDA when the cluster
+serves its ScaledObject API (helm install/upgrade ask the cluster; helm template needs
+--api-versions keda.sh/v1alpha1/ScaledObject), else the native HPA.
+*/}}
+{{- define "phasegate.autoscalingMode" -}}
+{{- $mode := .Values.autoscaling.mode }}
+{{- if eq $mode "auto" }}
+{{- if .Capabilities.APIVersions.Has "keda.sh/v1alpha1/ScaledObject" }}keda{{ else }}hpa{{ end }}
+{{- else }}{{ $mode }}{{ end }}
+{{- end }}
+
+{{/* The name of the KEDA (Cluster)TriggerAuthentication the scaler uses. */}}
+{{- define "phasegate.kedaAuthName" -}}
+{{- default (printf "%s-sqs" (include "phasegate.fullname" .)) .Values.autoscaling.keda.authentication.name }}
+{{- end }}
+
 {{- define "phasegate.componentSelectorLabels" -}}
 {{ include "phasegate.selectorLabels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
@@ -152,6 +189,20 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- end }}
 {{- if and .Values.orchestrator.fleetView.enabled (eq (include "phasegate.serviceAccountName" (dict "ctx" . "component" "orchestrator")) "default") }}
 {{- fail "orchestrator.fleetView.enabled binds a Role to the orchestrator's ServiceAccount, which would be the namespace's \"default\" one (granting every pod that uses it): set serviceAccounts.orchestrator.create or serviceAccounts.orchestrator.name, or set orchestrator.fleetView.enabled false" }}
+{{- end }}
+{{- $hpa := .Values.autoscaling.hpa }}
+{{- if and (lt (int $hpa.minReplicas) 1) (not $hpa.scaleToZero) }}
+{{- fail "autoscaling.hpa.minReplicas 0 is scale to zero, which the API server rejects without the HPAScaleToZero feature gate (stock EKS does not enable it): set autoscaling.hpa.scaleToZero true if your cluster has the gate, or use KEDA (autoscaling.mode keda or auto) for scale to zero" }}
+{{- end }}
+{{- $keda := .Values.autoscaling.keda }}
+{{- if gt (int $keda.minReplicaCount) (int .Values.autoscaling.maxReplicas) }}
+{{- fail (printf "autoscaling.keda.minReplicaCount (%v) must not exceed autoscaling.maxReplicas (%v)" $keda.minReplicaCount .Values.autoscaling.maxReplicas) }}
+{{- end }}
+{{- if and (not (kindIs "invalid" $keda.idleReplicaCount)) (ge (int $keda.idleReplicaCount) (int $keda.minReplicaCount)) }}
+{{- fail (printf "autoscaling.keda.idleReplicaCount (%v) must be below autoscaling.keda.minReplicaCount (%v): KEDA ignores it otherwise" $keda.idleReplicaCount $keda.minReplicaCount) }}
+{{- end }}
+{{- if and (not $keda.authentication.create) (not $keda.authentication.name) }}
+{{- fail "autoscaling.keda.authentication.create is false: set autoscaling.keda.authentication.name to the existing TriggerAuthentication or ClusterTriggerAuthentication" }}
 {{- end }}
 {{- $pi := .Values.autoscaling.keda.podIdentity }}
 {{- if and $pi.roleArn (eq $pi.identityOwner "workload") }}
