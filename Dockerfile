@@ -1,9 +1,11 @@
 # syntax=docker/dockerfile:1
 # phasegate image: one image for `phasegate worker`, `orchestrator`, `migrate` and `relay`.
 #
-# Stage 1 builds a virtualenv from the repository's own package (the same `pip install .`
-# the tests use, with the same constraints file). Stage 2 copies only that virtualenv onto a
-# clean slim base: no compiler, no pip, no build cache.
+# Stage 1 builds a virtualenv from requirements/image.lock (every dependency pinned with its
+# sha256, resolved inside the lock the tests run with; scripts/lock.sh regenerates both) and
+# then the repository's own package without dependencies and without build isolation, so
+# nothing unpinned is downloaded. Stage 2 copies only that virtualenv onto a clean slim base:
+# no compiler, no pip, no build cache.
 #
 # The base is pinned by digest so a rebuild gets the same bytes; bump tag and digest together.
 # Where Docker Hub cannot be reached, scripts/image-test.sh passes a stand-in base built from
@@ -15,13 +17,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
-COPY pyproject.toml requirements-constraints.txt README.md ./
+COPY requirements/image.lock ./requirements/
+RUN /opt/venv/bin/pip install --require-hashes -r requirements/image.lock
+COPY pyproject.toml README.md LICENSE ./
 # phasegate/ holds the shared core and the links phasegate/worker -> ../worker and
 # phasegate/orchestrator -> ../orchestrator; the build copies the planes through them.
 COPY phasegate ./phasegate
 COPY worker ./worker
 COPY orchestrator ./orchestrator
-RUN /opt/venv/bin/pip install -c requirements-constraints.txt . \
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
  && /opt/venv/bin/pip uninstall -y pip setuptools wheel \
  && /opt/venv/bin/phasegate --help > /dev/null
 

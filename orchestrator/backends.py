@@ -9,12 +9,12 @@ from typing import Any, Protocol
 import httpx
 
 from phasegate.access import policy_from
+from phasegate.db import pool_from_settings
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.views import ControlError
 from phasegate.queue import SqsQueue
 from phasegate.settings import Settings
-from phasegate.store import create_pool
 from phasegate.workflow import Registry
 
 ACTIONS = ("cancel", "retry", "restart", "approve", "reject")
@@ -110,9 +110,7 @@ class DatabaseBackend:
         if self._control is None:
             settings = self.settings
             try:
-                pool = await create_pool(settings.database_url or "", min_size=1, max_size=2,
-                                         statement_cache_size=settings.db_statement_cache_size,
-                                         connect_timeout_s=settings.db_connect_timeout_s)
+                pool = await pool_from_settings(settings, min_size=1, max_size=2)
             except Exception as exc:
                 raise BackendError("cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: "
                                    f"{type(exc).__name__}: {exc}") from None

@@ -12,21 +12,28 @@ and a worker treats an already-committed seq as a duplicate.
 from __future__ import annotations
 
 import asyncio
+import random
 from contextlib import suppress
 
 import structlog
 
 from phasegate import metrics
+from phasegate.backoff import Backoff
 from phasegate.queue import Outgoing, Queue, QueueError
 from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.relay")
 
+# A failing round (Postgres or SQS down) retries with full jitter (phasegate/backoff.py) from
+# interval_s up to this, so every orchestrator replica does not hit a recovering database in
+# the same second; the first good round returns to interval_s.
+RELAY_RETRY_CAP_S = 30.0
+
 
 class Relay:
     def __init__(self, *, store: Store, queue: Queue, after_s: float = 5.0,
                  interval_s: float = 1.0, batch: int = 100,
-                 stall_after_s: float = 300.0) -> None:
+                 stall_after_s: float = 300.0, jitter: random.Random | None = None) -> None:
         self.store = store
         self.queue = queue
         self.after_s = after_s
@@ -36,6 +43,8 @@ class Relay:
         self.batch = batch
         self.relayed = 0
         self._stop = asyncio.Event()
+        self._failures = Backoff(base=interval_s, cap=max(interval_s, RELAY_RETRY_CAP_S),
+                                 rng=jitter)
 
     def stop(self) -> None:
         self._stop.set()
@@ -49,11 +58,15 @@ class Relay:
                 sent = await self.relay_once()
                 metrics.OUTBOX_LAG.set(await self.store.outbox_lag_s())
             except Exception as exc:
-                log.warning("relay_round_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-                sent = 0
-            if sent < self.batch:
+                wait = self._failures.next()
+                log.warning("relay_round_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                            retry_in_s=round(wait, 3))
+            else:
+                self._failures.reset()
+                wait = 0.0 if sent >= self.batch else self.interval_s
+            if wait > 0:
                 with suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+                    await asyncio.wait_for(self._stop.wait(), wait)
         log.info("relay_stopped", relayed=self.relayed)
 
     async def requeue_stalled(self) -> int:

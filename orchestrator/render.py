@@ -1,24 +1,55 @@
-"""Plain-text tables for the control CLI (ANSI bold headers on a terminal, nothing else)."""
+"""The control CLI's tables and views, drawn with rich.
+
+Every view is a rich renderable (``*_view``); the string functions render it for a pipe or a
+terminal. On a terminal: bold headers and the terminal's width. Anywhere else: no escape
+codes, no wrapping (one record per line however wide), no trailing spaces, so the output
+stays plain and parseable (``awk``, ``grep``, tests). Cell values are ``Text``, never
+markup: a workflow name like ``[bold]x`` is printed as it is.
+"""
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
-BOLD = "\x1b[1m"
-RESET = "\x1b[0m"
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+# Wide enough that no plain line is ever wrapped (a pipe has no width).
+PLAIN_WIDTH = 100_000
+
+
+def console(*, color: bool, file: Any = None) -> Console:
+    """A terminal console (styles, its own width) or a plain one (neither)."""
+    if color:
+        return Console(file=file, force_terminal=True, highlight=False, emoji=False)
+    return Console(file=file, force_terminal=False, no_color=True, color_system=None,
+                   width=PLAIN_WIDTH, highlight=False, emoji=False, soft_wrap=True)
+
+
+def to_text(renderable: RenderableType, *, color: bool = False) -> str:
+    buffer = io.StringIO()
+    console(color=color, file=buffer).print(renderable)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").split("\n"))
+
+
+def table_view(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    view = Table(box=None, show_edge=False, pad_edge=False, header_style="bold",
+                 highlight=False)
+    for header in headers:
+        view.add_column(Text(header.upper()), no_wrap=True)
+    for row in rows:
+        view.add_row(*(Text(_cell(v)) for v in row))
+    return view
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, color: bool = False) -> str:
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    head = "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()
-    lines = [f"{BOLD}{head}{RESET}" if color else head]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-              for row in cells]
-    return "\n".join(lines)
+    return to_text(table_view(headers, rows), color=color)
 
 
 def age(seconds: float | None) -> str:
@@ -37,7 +68,7 @@ def tier(value: int | None, label: str | None) -> str:
     return f"{value} {label}" if label else str(value)
 
 
-def status(summary: dict[str, Any], fleet: dict[str, Any], *, color: bool = False) -> str:
+def status_view(summary: dict[str, Any], fleet: dict[str, Any]) -> Group:
     queue = summary.get("queue") or {}
     if queue.get("error"):
         queue_line = f"queue: unavailable ({queue['error']})"
@@ -46,10 +77,33 @@ def status(summary: dict[str, Any], fleet: dict[str, Any], *, color: bool = Fals
                       f"in flight, {queue.get('delayed')} delayed")
     rows = [[r["status"], r["workflow"], r["phase"], tier(r["tier"], r["tier_label"]),
              r["runs"], age(r["oldest_age_s"])] for r in summary.get("runs", [])]
-    runs = (table(["status", "workflow", "phase", "tier", "runs", "idle"], rows, color=color)
-            if rows else "no workflow runs")
-    note = "(completed and cancelled: last 24 h; others: all)"
-    return "\n".join([queue_line, fleet_line(fleet.get("fleet") or {}), "", runs, note])
+    runs: RenderableType = (
+        table_view(["status", "workflow", "phase", "tier", "runs", "idle"], rows)
+        if rows else Text("no workflow runs"))
+    note = Text("(completed and cancelled: last 24 h; others: all)", style="dim")
+    return Group(Text(queue_line), Text(fleet_line(fleet.get("fleet") or {})), Text(""),
+                 runs, note)
+
+
+def status(summary: dict[str, Any], fleet: dict[str, Any], *, color: bool = False) -> str:
+    return to_text(status_view(summary, fleet), color=color)
+
+
+def watch(view: Callable[[], RenderableType], *, interval: float, count: int | None = None,
+          title: str = "phasegate status (Ctrl-C to stop)", out: Console | None = None) -> None:
+    """Redraw ``view()`` in place on a terminal (rich's Live region: the lines it drew are
+    rewritten, the rest of the screen and the scrollback are left alone) every ``interval``
+    seconds, ``count`` times or until interrupted."""
+    shown = 0
+    with Live(console=out or console(color=True), auto_refresh=False,
+              redirect_stdout=False, redirect_stderr=False) as live:
+        while True:
+            header = Text(time.strftime("%H:%M:%S ") + title, style="bold")
+            live.update(Group(header, view()), refresh=True)
+            shown += 1
+            if count is not None and shown >= count:
+                return
+            time.sleep(interval)  # the refresh rate of a human-facing display
 
 
 def fleet_line(fleet: dict[str, Any]) -> str:
@@ -81,20 +135,22 @@ def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],
               ("finished", run["finished_at"] or "-")]
     if run.get("error"):
         fields.append(("error", run["error"]))
-    out = [f"{name + ':':<10} {value}" for name, value in fields]
-    out += ["", table(
+    parts: list[RenderableType] = [Text(f"{name + ':':<10} {value}") for name, value in fields]
+    parts += [Text(""), table_view(
         ["seq", "branch", "phase", "kind", "tier", "hash", "worker", "committed"],
         [[c["seq"], c["branch"], c["phase"], c["kind"], tier(c["tier"], c["tier_label"]),
-          c["state_hash"][:12], c["worker_id"], c["created_at"]] for c in checkpoints],
-        color=color) if checkpoints else "no checkpoints yet"]
+          c["state_hash"][:12], c["worker_id"], c["created_at"]] for c in checkpoints])
+        if checkpoints else Text("no checkpoints yet")]
     if include_state:
-        out += [""] + [f"seq {c['seq']} ({c['kind']}): "
-                       f"{json.dumps(c.get('state'), sort_keys=True)}" for c in checkpoints]
+        parts += [Text("")] + [Text(f"seq {c['seq']} ({c['kind']}): "
+                                    f"{json.dumps(c.get('state'), sort_keys=True)}")
+                               for c in checkpoints]
     if actions:
-        out += ["", table(["action", "from", "seq", "reason", "by", "at"],
-                          [[a["action"], a["from_status"], a["seq"], a["reason"], a["actor"],
-                            a["created_at"]] for a in actions], color=color)]
-    return "\n".join(out)
+        parts += [Text(""), table_view(
+            ["action", "from", "seq", "reason", "by", "at"],
+            [[a["action"], a["from_status"], a["seq"], a["reason"], a["actor"],
+              a["created_at"]] for a in actions])]
+    return to_text(Group(*parts), color=color)
 
 
 def action(result: dict[str, Any]) -> str:

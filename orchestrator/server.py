@@ -18,6 +18,7 @@ import structlog
 import uvicorn
 
 from phasegate.access import policy_from
+from phasegate.db import pool_from_settings
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
@@ -26,7 +27,7 @@ from phasegate.orchestrator.relay import Relay
 from phasegate.queue import SqsQueue
 from phasegate.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
 from phasegate.settings import Settings
-from phasegate.store import Store, create_pool
+from phasegate.store import Store
 from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.orchestrator")
@@ -91,10 +92,8 @@ class Orchestrator:
 
     async def run(self) -> None:
         settings = self.settings
-        pool = await create_pool(settings.database_url or "", min_size=1,
-                                 max_size=max(2, settings.db_pool_max),
-                                 statement_cache_size=settings.db_statement_cache_size,
-                                 connect_timeout_s=settings.db_connect_timeout_s)
+        pool = await pool_from_settings(settings, min_size=1,
+                                        max_size=max(2, settings.db_pool_max))
         fleet = FleetView.from_environment(deployment=self.options.fleet_deployment,
                                            namespace=self.options.fleet_namespace)
         regional_pools = contextlib.AsyncExitStack()

@@ -136,12 +136,10 @@ def relay() -> None:
 
 
 async def _connect_pool(settings: Settings) -> Any:
-    from phasegate.store import create_pool
+    from phasegate.db import pool_from_settings
 
     try:
-        return await create_pool(settings.database_url or "", min_size=1, max_size=2,
-                                 statement_cache_size=settings.db_statement_cache_size,
-                                 connect_timeout_s=settings.db_connect_timeout_s)
+        return await pool_from_settings(settings, min_size=1, max_size=2)
     except Exception as exc:
         fail(f"cannot reach PostgreSQL at PHASEGATE_DATABASE_URL: {type(exc).__name__}: {exc}")
 

@@ -84,12 +84,15 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
     """A table of runs by status, workflow, phase and tier, with queue depth and the fleet."""
     backend = _backend(api_url)
     color = sys.stdout.isatty()
-    shown = 0
     try:
-        while True:
+        if watch and color:  # a terminal: redraw in place
+            render.watch(lambda: render.status_view(backend.summary(), backend.fleet()),
+                         interval=interval, count=count)
+            return
+        shown = 0
+        while True:  # a pipe: one plain block per refresh, each under a timestamped header
             text = render.status(backend.summary(), backend.fleet(), color=color)
             if watch:
-                click.echo(render.CLEAR_SCREEN if color else "", nl=False)
                 click.echo(time.strftime("%H:%M:%S ") + "phasegate status (Ctrl-C to stop)")
             click.echo(text)
             shown += 1
@@ -136,7 +139,8 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
         from phasegate.orchestrator.render_tree import tree as draw_tree
 
         click.echo(json.dumps({"run": run, "forks": forks}, indent=2) if as_json
-                   else draw_tree(run, history["checkpoints"], forks))
+                   else draw_tree(run, history["checkpoints"], forks,
+                                  color=sys.stdout.isatty()))
         return
     if as_json:
         click.echo(json.dumps({"run": run, "checkpoints": history["checkpoints"],
@@ -188,10 +192,10 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
     from datetime import timedelta
 
     from phasegate.cli import fail, require, settings_from
+    from phasegate.db import pool_from_settings
     from phasegate.orchestrator.purge import PurgeReport, parse_age, parse_retention
     from phasegate.orchestrator.purge import purge as run_purge
     from phasegate.residency import DEFAULT_REGION
-    from phasegate.store import create_pool
 
     settings = require(settings_from(), "database_url")
     ages: dict[str | None, timedelta]
@@ -212,8 +216,7 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
         reports = []
         for region, dsn in sorted(settings.store_map.items()):
             try:
-                pool = await create_pool(dsn, min_size=1, max_size=1,
-                                         statement_cache_size=settings.db_statement_cache_size)
+                pool = await pool_from_settings(settings, dsn=dsn, min_size=1, max_size=1)
             except Exception as exc:
                 fail(f"cannot reach the PostgreSQL store of region {region!r}: "
                      f"{type(exc).__name__}")

@@ -23,15 +23,20 @@ from pathlib import Path
 
 import aioboto3
 import asyncpg
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
+from phasegate.db import connect, create_pool
 from phasegate.envelope import canonical_json, state_hash
 from phasegate.migrate import migrate
+from phasegate.orchestrator import render
 from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, free_port, local_aws_env
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.samples import pipeline
 from phasegate.sql import queries
-from phasegate.store import Store, create_pool
+from phasegate.store import Store
 
 RUN_DEADLINE_S = 600
 VISIBILITY_S = 10
@@ -39,30 +44,38 @@ HEARTBEAT_S = 3
 
 
 class Display:
-    """A live progress view: redrawn in place on a terminal, a line every few seconds
+    """A live progress view: rich's Live region on a terminal (redrawn in place, messages
+    printed above it, the rest of the screen left alone), a plain line every few seconds
     otherwise (CI logs)."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stdout.isatty()
-        self._lines = 0
+    def __init__(self, out: Console | None = None) -> None:
+        self.tty = sys.stdout.isatty() if out is None else out.is_terminal
+        self.console = out or render.console(color=self.tty)
+        self._live: Live | None = None
         self._last_plain = 0.0
 
     def show(self, lines: list[str]) -> None:
         if self.tty:
-            if self._lines:
-                sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
-            sys.stdout.write("\n".join(lines) + "\n")
-            sys.stdout.flush()
-            self._lines = len(lines)
+            if self._live is None:
+                self._live = Live(console=self.console, auto_refresh=False,
+                                  redirect_stdout=False, redirect_stderr=False)
+                self._live.start()
+            self._live.update(Text("\n".join(lines)), refresh=True)
         elif time.monotonic() - self._last_plain > 3:
-            print(" | ".join(line.strip() for line in lines if line.strip()), flush=True)
+            self.console.print(Text(" | ".join(line.strip() for line in lines if line.strip())))
+            self.console.file.flush()
             self._last_plain = time.monotonic()
 
     def say(self, text: str) -> None:
-        if self.tty and self._lines:
-            sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
-            self._lines = 0
-        print(text, flush=True)
+        # With a live view on screen, rich prints above it and redraws it below.
+        self.console.print(Text(text))
+        self.console.file.flush()
+
+    def close(self) -> None:
+        """Leave the last progress frame on screen and stop redrawing it."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
 
 def bar(done: int, total: int, width: int = 40) -> str:
@@ -149,7 +162,7 @@ def phase_outcomes(log_dir: Path) -> Counter[str]:
 
 
 async def summarize(dsn: str, total: int, log_dir: Path) -> tuple[list[str], bool]:
-    connection = await asyncpg.connect(dsn)
+    connection = await connect(dsn)
     try:
         q = queries("demo.sql")
         runs = await connection.fetch(q["runs"])
@@ -235,7 +248,7 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
         await start_runs(dsn, queue_url, endpoint, runs)
         started = time.monotonic()
         killed = not kill
-        connection = await asyncpg.connect(dsn)
+        connection = await connect(dsn)
         try:
             while True:
                 lines, done = await progress_lines(connection, runs, fleet, started)
@@ -255,6 +268,7 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
                     break
                 await asyncio.sleep(0.25)  # the refresh period of the progress view
         finally:
+            display.close()
             await connection.close()
     finally:
         codes = fleet.stop_all()

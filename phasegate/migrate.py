@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from phasegate.db import connect
 from phasegate.sql import migration_files, queries
 
 # An arbitrary constant: "phasegate" folded into a bigint. Changing it would let an old and a
@@ -25,7 +26,8 @@ class MigrationReport:
 
 async def migrate(dsn: str, *, target: int | None = None) -> MigrationReport:
     """Bring the database at ``dsn`` up to ``target`` (default: the newest migration)."""
-    connection = await asyncpg.connect(dsn, statement_cache_size=0)
+    # Through a pooler too: the lock is transaction-scoped and no statement is named.
+    connection = await connect(dsn)
     try:
         return await migrate_connection(connection, target=target)
     finally:

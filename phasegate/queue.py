@@ -54,6 +54,14 @@ class QueueError(Exception):
         self.failed = failed
 
 
+# FIFO high-throughput mode: deduplication and the throughput quota per message group (one
+# group per run), so the queue scales with partitions instead of stopping at 300 calls/s per
+# action. Ordering and deduplication within a run are unchanged: both are per group.
+HIGH_THROUGHPUT_FIFO = {"DeduplicationScope": "messageGroup",
+                        "FifoThroughputLimit": "perMessageGroupId"}
+FIFO_ATTRIBUTES = ("FifoQueue", "DeduplicationScope", "FifoThroughputLimit")
+
+
 class Queue(Protocol):
     async def receive(self, max_messages: int, wait_time_s: int,
                       visibility_timeout_s: int) -> list[Received]: ...
@@ -67,6 +75,8 @@ class Queue(Protocol):
     async def depth(self) -> QueueDepth: ...
 
     async def is_fifo(self) -> bool: ...
+
+    async def fifo_attributes(self) -> dict[str, str]: ...
 
 
 T = TypeVar("T")
@@ -186,10 +196,15 @@ class SqsQueue:
 
     async def is_fifo(self) -> bool:
         """The queue's FifoQueue attribute: a standard queue would lose per-run ordering."""
+        return (await self.fifo_attributes()).get("FifoQueue") == "true"
+
+    async def fifo_attributes(self) -> dict[str, str]:
+        """FifoQueue, DeduplicationScope and FifoThroughputLimit: which quota applies."""
         self.calls += 1
         response = await self._client.get_queue_attributes(
-            QueueUrl=self.queue_url, AttributeNames=["FifoQueue"])
-        return bool(response.get("Attributes", {}).get("FifoQueue") == "true")
+            QueueUrl=self.queue_url, AttributeNames=list(FIFO_ATTRIBUTES))
+        attributes: dict[str, str] = response.get("Attributes", {})
+        return {k: v for k, v in attributes.items() if k in FIFO_ATTRIBUTES}
 
 
 async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s: int = 30,
@@ -202,12 +217,13 @@ async def create_fifo_queue_pair(client: Any, name: str, *, visibility_timeout_s
     import json
 
     dlq = await client.create_queue(QueueName=f"{name}-dlq.fifo", Attributes={
-        "FifoQueue": "true", "MessageRetentionPeriod": "1209600"})
+        "FifoQueue": "true", **HIGH_THROUGHPUT_FIFO, "MessageRetentionPeriod": "1209600"})
     dlq_url = dlq["QueueUrl"]
     dlq_arn = (await client.get_queue_attributes(
         QueueUrl=dlq_url, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
     queue = await client.create_queue(QueueName=f"{name}.fifo", Attributes={
-        "FifoQueue": "true", "VisibilityTimeout": str(visibility_timeout_s),
+        "FifoQueue": "true", **HIGH_THROUGHPUT_FIFO,
+        "VisibilityTimeout": str(visibility_timeout_s),
         "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn,
                                      "maxReceiveCount": str(max_receive_count)})})
     return queue["QueueUrl"], dlq_url

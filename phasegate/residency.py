@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from phasegate import audit
+from phasegate.db import pool_from_settings
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import migration_files, queries
-from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError, create_pool
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError
 
 if TYPE_CHECKING:
     from phasegate.settings import Settings
@@ -381,10 +382,8 @@ async def stores_from_settings(settings: Settings, default_pool: asyncpg.Pool,
     for region, dsn in sorted(store_map.items()):
         if region == DEFAULT_REGION:
             continue
-        pool = await create_pool(
-            dsn, min_size=min(settings.db_pool_min, 1), max_size=pool_max or settings.db_pool_max,
-            statement_cache_size=settings.db_statement_cache_size,
-            connect_timeout_s=settings.db_connect_timeout_s)
+        pool = await pool_from_settings(settings, dsn=dsn, min_size=min(settings.db_pool_min, 1),
+                                        max_size=pool_max or settings.db_pool_max)
         stack.push_async_callback(pool.close)
         await check_schema(pool, region)
         stores[region] = RegionalStore(pool, region, strict=True)

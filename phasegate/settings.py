@@ -82,10 +82,16 @@ class Settings(BaseSettings):
     # -- database
     db_pool_min: int = Field(default=1, ge=0)
     db_pool_max: int = Field(default=4, ge=1)
+    database_pooler: Literal["transaction", "none"] = Field(
+        default="transaction",
+        description="transaction: safe behind PgBouncer transaction mode / RDS Proxy (no "
+        "named prepared statements); none: a direct connection, statement cache on.",
+    )
     db_statement_cache_size: int = Field(
         default=100,
         ge=0,
-        description="asyncpg prepared-statement cache; 0 behind PgBouncer transaction mode.",
+        description="asyncpg prepared-statement cache; used only with "
+        "PHASEGATE_DATABASE_POOLER=none.",
     )
     db_connect_timeout_s: float = Field(default=10.0, gt=0)
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import asyncpg
 
+from phasegate.db import create_pool
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
 from phasegate.sql import queries
+
+__all__ = ["OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
 
 
 class StoreError(Exception):
@@ -78,27 +81,6 @@ class PhaseCommit:
     rerun_of: int | None = None
     error: str | None = None
     review_json: str | None = None
-
-
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
-                      statement_cache_size: int = 100,
-                      connect_timeout_s: float = 10.0) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, statement_cache_size=statement_cache_size,
-        timeout=connect_timeout_s, command_timeout=60,
-        # No session state survives a transaction: safe behind PgBouncer / RDS Proxy.
-        server_settings={"application_name": "phasegate"},
-        reset=_no_session_state,
-    )
-    assert pool is not None
-    return pool
-
-
-async def _no_session_state(connection: asyncpg.Connection) -> None:
-    """Release hook of the pool. asyncpg's default sends ``SELECT pg_advisory_unlock_all();
-    CLOSE ALL; UNLISTEN *; RESET ALL`` on every release: a second round trip after every
-    query. phasegate keeps no session state (no SET, LISTEN, session locks or cursors outside
-    a transaction), and asyncpg still rolls back a transaction left open before this runs."""
 
 
 class Store:

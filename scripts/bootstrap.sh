@@ -28,12 +28,17 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.phasegate-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-constraints.txt -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements/ci.lock -nt "$stamp" ]; then
   echo "installing phasegate and its test tools into .venv ..." >&2
   log=.venv/install.log
+  # Every dependency comes from the hash-pinned lock (scripts/lock.sh regenerates it); the
+  # project itself is then installed editable without dependencies and without build
+  # isolation (setuptools and wheel are in the lock), so nothing unpinned is downloaded.
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install -q --disable-pip-version-check \
-           -c requirements-constraints.txt -e ".[test]"; } >"$log" 2>&1; then
+         .venv/bin/python -m pip install -q --disable-pip-version-check --require-hashes \
+           -r requirements/ci.lock &&
+         .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+           --no-build-isolation -e .; } >"$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" >&2
     echo "installation failed (full log: $log)" >&2
     exit 1

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
 from phasegate.settings import Settings
@@ -114,11 +115,48 @@ def throwaway_database(server_dsn: str, prefix: str, template: str | None = None
         asyncio.run(_drop(server_dsn, name))
 
 
+# How a test's processes reach Postgres: directly, or through PgBouncer in transaction mode
+# with 6 server connections (bench/pgbouncer.py). The modules that prove the engine's
+# guarantees (SIGKILL, SIGTERM -> exit 0, duplicates and the relay, poison) run both ways;
+# everything else runs direct, to keep the suite's time.
+ROUTES = ("direct", "pgbouncer")
+POOLED_MODULES = frozenset({
+    "tests.integration.test_engine_e2e",
+    "tests.integration.test_crashes",
+    "tests.integration.test_duplicates_and_relay",
+    "tests.integration.test_poison_and_failures",
+})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_route" in metafunc.fixturenames and metafunc.module.__name__ in POOLED_MODULES:
+        metafunc.parametrize("db_route", ROUTES, indirect=True)
+
+
 @pytest.fixture
-def database_url(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for this test (a clone of the template)."""
+def db_route(request: pytest.FixtureRequest) -> str:
+    route: str = getattr(request, "param", "direct")
+    return route
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server_dsn: str) -> Iterator[PgBouncer]:
+    """Debian's PgBouncer 1.18, transaction mode, 6 server connections per database."""
+    with PgBouncer.in_front_of(pg_server_dsn) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def database_url(pg_server_dsn: str, template_db: str, db_route: str,
+                 request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, migrated database for this test (a clone of the template), reached the way
+    ``db_route`` says (created and dropped directly either way)."""
     with throwaway_database(pg_server_dsn, "phasegate_t", template_db) as url:
-        yield url
+        if db_route == "pgbouncer":
+            bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+            yield bouncer.route(url)
+        else:
+            yield url
 
 
 @pytest.fixture

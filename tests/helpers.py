@@ -16,6 +16,7 @@ from typing import Any
 import aioboto3
 import asyncpg
 
+from phasegate.db import connect
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.settings import Settings
 from phasegate.store import Store, create_pool
@@ -104,7 +105,7 @@ async def queue_for(settings: Settings, url: str | None = None) -> AsyncIterator
 
 
 async def fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(database_url)
+    connection = await connect(database_url)
     try:
         return list(await connection.fetch(sql, *args))
     finally:
@@ -112,7 +113,7 @@ async def fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]
 
 
 async def fetchval(database_url: str, sql: str, *args: Any) -> Any:
-    connection = await asyncpg.connect(database_url)
+    connection = await connect(database_url)
     try:
         return await connection.fetchval(sql, *args)
     finally:

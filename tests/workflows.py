@@ -11,9 +11,8 @@ import asyncio
 import os
 from typing import Any
 
-import asyncpg
-
 from phasegate import Context, NonRetryableError, Workflow
+from phasegate.db import connect
 
 LEDGER_DSN: str | None = None
 
@@ -23,7 +22,7 @@ def ledger_dsn() -> str:
 
 
 async def record(ctx: Context, note: str = "") -> None:
-    connection = await asyncpg.connect(ledger_dsn())
+    connection = await connect(ledger_dsn())
     try:
         await connection.execute(
             "INSERT INTO test_invocations (workflow_id, seq, phase, attempt, worker_id, note) "
@@ -35,7 +34,7 @@ async def record(ctx: Context, note: str = "") -> None:
 
 async def wait_gate(name: str, timeout: float = 120) -> None:
     """Block the phase until a test opens the gate (a row in test_gates)."""
-    connection = await asyncpg.connect(ledger_dsn())
+    connection = await connect(ledger_dsn())
     try:
         deadline = asyncio.get_running_loop().time() + timeout
         while not await connection.fetchval("SELECT 1 FROM test_gates WHERE name = $1", name):

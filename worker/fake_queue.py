@@ -118,6 +118,10 @@ class InMemoryFifoQueue:
     async def is_fifo(self) -> bool:
         return True
 
+    async def fifo_attributes(self) -> dict[str, str]:
+        return {"FifoQueue": "true", "DeduplicationScope": "messageGroup",
+                "FifoThroughputLimit": "perMessageGroupId"}
+
     async def depth(self) -> QueueDepth:
         self.calls += 1
         now = self.clock()

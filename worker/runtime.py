@@ -20,12 +20,14 @@ from typing import Any
 import structlog
 
 from phasegate import metrics, redact, tracing
+from phasegate.backoff import Backoff
+from phasegate.db import pool_from_settings
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
 from phasegate.residency import StoreRouter, stores_from_settings
 from phasegate.settings import Settings
-from phasegate.store import Store, create_pool
+from phasegate.store import Store
 from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
@@ -35,6 +37,7 @@ from phasegate.worker.startup import (
     PermanentStartupError,
     StartupError,
     check_schema,
+    log_fifo_quota,
     one_line,
 )
 from phasegate.worker.transition import (
@@ -61,6 +64,14 @@ STOP_FLUSH_S = 2.0
 # even when a single workflow runs, off the transition's path (nothing waits on it). Far below
 # the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
 MARK_SENT_LINGER_S = 0.05
+
+# Retry windows (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
+# base * 2**n)) seconds. Startup's cap stays small so a pod notices a recovered dependency
+# within seconds of its readiness probe; a failing receive backs off further.
+STARTUP_RETRY_BASE_S = 0.25
+STARTUP_RETRY_CAP_S = 5.0
+RECEIVE_RETRY_BASE_S = 0.5
+RECEIVE_RETRY_CAP_S = 10.0
 
 
 class Worker:
@@ -269,16 +280,14 @@ class Worker:
     async def _connect(self, stack: AsyncExitStack) -> None:
         """Prove Postgres and SQS are reachable before the first receive, with backoff."""
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        delay = 0.25
+        # Full jitter (phasegate/backoff.py): pods started together by a scale-out do not probe
+        # a recovering database in lockstep.
+        backoff = Backoff(base=STARTUP_RETRY_BASE_S, cap=STARTUP_RETRY_CAP_S)
         while not self._stop.is_set():
             waiting_for = []
             if self.store is None:
                 try:
-                    pool = await create_pool(
-                        self.settings.database_url or "", min_size=self.settings.db_pool_min,
-                        max_size=self.settings.db_pool_max,
-                        statement_cache_size=self.settings.db_statement_cache_size,
-                        connect_timeout_s=self.settings.db_connect_timeout_s)
+                    pool = await pool_from_settings(self.settings)
                     stack.push_async_callback(pool.close)
                     # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
@@ -299,31 +308,43 @@ class Worker:
                 # policy grants exactly sqs:SendMessage there (README, "IAM roles").
                 try:
                     assert self.queue is not None
-                    fifo = await self.queue.is_fifo()
+                    attributes = await self.queue.fifo_attributes()
                 except Exception as exc:
                     waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
                 else:
-                    if not fifo:
+                    if attributes.get("FifoQueue") != "true":
                         raise PermanentStartupError(
                             "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
                             "phasegate needs per-workflow ordering; create a .fifo queue")
+                    log_fifo_quota(attributes)
             if not waiting_for:
                 assert self.store is not None
-                await check_schema(self.store)
-                return
+                try:
+                    await check_schema(self.store)
+                    return
+                except StartupError:
+                    raise
+                except Exception as exc:
+                    # Behind a pooler the pool opens without any server connection, so the
+                    # first query is where a restarting database shows (found by the chaos
+                    # run through PgBouncer: a worker exited 1 here).
+                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
             if time.monotonic() > deadline:
                 raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
                                    f"waiting for {', '.join(waiting_for)}")
-            log.warning("waiting_for_dependencies", waiting_for=waiting_for, retry_in_s=delay)
+            delay = backoff.next()
+            log.warning("waiting_for_dependencies", waiting_for=waiting_for,
+                        retry_in_s=round(delay, 3))
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
-            delay = min(delay * 2, 5.0)
 
     # -- receiving ----------------------------------------------------------------------------
 
     async def _receive_loop(self, burst: bool) -> None:
         assert self.queue is not None
-        error_delay = 0.5
+        # Full jitter (phasegate/backoff.py): a fleet that lost SQS together does not come back
+        # in lockstep.
+        errors = Backoff(base=RECEIVE_RETRY_BASE_S, cap=RECEIVE_RETRY_CAP_S)
         while not self._stop.is_set():
             await self._receiving.wait()
             free = await self._wait_for_capacity()
@@ -333,13 +354,13 @@ class Worker:
                 messages = await self._receive(min(SQS_MAX_RECEIVE_BATCH, free))
             except Exception as exc:
                 metrics.SQS_ERRORS.labels("receive").inc()
+                error_delay = errors.next()
                 log.warning("receive_failed", error=f"{type(exc).__name__}: {exc}"[:300],
-                            retry_in_s=error_delay)
+                            retry_in_s=round(error_delay, 3))
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), error_delay)
-                error_delay = min(error_delay * 2, 10.0)
                 continue
-            error_delay = 0.5
+            errors.reset()
             if messages is None:
                 break
             if messages:

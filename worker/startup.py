@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import asyncpg
+from collections.abc import Mapping
 
+import asyncpg
+import structlog
+
+from phasegate.limits import fifo_quota
 from phasegate.migrate import schema_version
 from phasegate.sql import migration_files
 from phasegate.store import Store
 
 __all__ = ["PERMANENT_DB_ERRORS", "PermanentStartupError", "StartupError", "check_schema",
-           "one_line"]
+           "log_fifo_quota", "one_line"]
+
+log = structlog.get_logger("phasegate.worker")
 
 
 class StartupError(Exception):
@@ -37,3 +43,19 @@ async def check_schema(store: Store) -> None:
     if current < newest:
         raise StartupError(f"database schema is at version {current}, this worker "
                            f"needs {newest}: run `phasegate migrate` first")
+
+
+def log_fifo_quota(attributes: Mapping[str, str]) -> None:
+    """Say once at start which SQS FIFO quota this queue is under: the number that caps the
+    fleet's throughput (docs/reference/capacity.md)."""
+    quota = fifo_quota(attributes)
+    log.info("sqs_quota", mode=quota.mode,
+             deduplication_scope=attributes.get("DeduplicationScope", "queue"),
+             fifo_throughput_limit=attributes.get("FifoThroughputLimit", "perQueue"),
+             calls_per_s_per_action=quota.calls_per_s_per_action,
+             messages_per_s_batched=quota.messages_per_s_batched,
+             calls_per_s_per_group=quota.calls_per_s_per_group)
+    if quota.mode != "high_throughput":
+        log.warning("sqs_quota_standard_fifo",
+                    hint="set DeduplicationScope=messageGroup and "
+                         "FifoThroughputLimit=perMessageGroupId for high-throughput mode")

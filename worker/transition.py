@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -23,6 +24,7 @@ import structlog
 from pydantic import ValidationError
 
 from phasegate import metrics, redact, residency, tracing
+from phasegate.backoff import full_jitter
 from phasegate.branches import (
     BranchPosition,
     BranchResult,
@@ -114,6 +116,8 @@ class TransitionConfig:
     retry_backoff_max_s: float
     stale_after_s: float = 3600.0
     phase_timeout_s: float = 0.0
+    # The random source of the retry delays' jitter (seeded in tests; None: a shared one).
+    jitter: random.Random | None = field(default=None, compare=False)
 
 
 class PhaseTransition:
@@ -495,8 +499,12 @@ class PhaseTransition:
     # -- helpers ------------------------------------------------------------------------------
 
     def _backoff(self, attempts: int) -> int:
-        delay: float = self.config.retry_backoff_s * (2.0 ** max(0, attempts - 1))
-        return max(0, round(min(delay, self.config.retry_backoff_max_s)))
+        """Whole seconds (a visibility timeout) with full jitter: the n-th retry waits
+        random(0, min(max, base * 2**(n-1))), so a fleet that failed together does not retry
+        together (phasegate/backoff.py)."""
+        delay = full_jitter(attempts - 1, base=self.config.retry_backoff_s,
+                            cap=self.config.retry_backoff_max_s, rng=self.config.jitter)
+        return max(0, round(delay))
 
     def _log_phase(self, envelope: Envelope, phase_name: str, started: float, outcome: str,
                    **extra: Any) -> None:

@@ -24,11 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-bound", type=float, default=120.0,
                         help="I7: seconds allowed from the last fault to a drained system")
     parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="workers and relay reach Postgres through PgBouncer "
+                             "(transaction mode, 6 server connections)")
     args = parser.parse_args(argv)
     report = run_chaos(ChaosConfig(seed=args.seed, workflows=args.workflows,
                                    workers=args.workers, long=args.long,
                                    concurrency=args.concurrency,
-                                   drain_bound_s=args.drain_bound, log_dir=args.log_dir))
+                                   drain_bound_s=args.drain_bound, log_dir=args.log_dir,
+                                   pgbouncer=args.pgbouncer))
     print(report.text(), flush=True)
     return 0 if report.ok else 1
 

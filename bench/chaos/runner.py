@@ -40,6 +40,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
+from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
 from phasegate.orchestrator.starter import start_workflow
@@ -60,6 +61,9 @@ class ChaosConfig:
     concurrency: int = 8
     drain_bound_s: float = 120.0
     log_dir: Path | None = None
+    # Workers and relay reach Postgres through PgBouncer in transaction mode
+    # (commit-cut proxy -> PgBouncer -> server); the invariants are read directly.
+    pgbouncer: bool = False
 
 
 @dataclass
@@ -162,12 +166,15 @@ class ChaosRun:
         moto = MotoProcess(log_dir)
         seed = config.seed
         sqs_proxy = SqsFaultProxy("", seed=seed + 1)
-        pg_proxy = PgCommitCutProxy(pg.port, seed=seed + 2,
+        bouncer = PgBouncer(pg.port) if config.pgbouncer else None
+        pg_proxy = PgCommitCutProxy(bouncer.port if bouncer else pg.port, seed=seed + 2,
                                     probability=self.schedule.pg_commit_cut_probability)
         downstream = Downstream(seed=seed + 3, response_lost_probability=0.005)
         fleet: Fleet | None = None
         try:
             await moto.ready()
+            if bouncer is not None:
+                await asyncio.to_thread(bouncer.start)
             sqs_proxy.upstream = moto.url
             await sqs_proxy.start()
             await pg_proxy.start()
@@ -209,6 +216,8 @@ class ChaosRun:
             await pg_proxy.close()
             await downstream.close()
             moto.stop()
+            if bouncer is not None:
+                bouncer.stop()
             await asyncio.to_thread(pg.stop)
         report = Report(config=config, results=results, fired=dict(fired), stats=stats,
                         schedule_text=self.schedule.describe(), log_dir=log_dir,

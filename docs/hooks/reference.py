@@ -55,8 +55,9 @@ MEANINGS: dict[str, str] = {
     "shutdown_grace_s": "On SIGTERM, how long running phases may finish",
     "max_message_bytes": "Larger messages are quarantined",
     "max_attempts": "Failed attempts of one phase before the run is `failed`",
-    "retry_backoff_s": "Retry backoff base: `retry_backoff_s` × 2^(attempt−1)",
-    "retry_backoff_max_s": "Retry backoff cap",
+    "retry_backoff_s": "Retry backoff base: a failed attempt's message comes back after a "
+                       "random delay from 0 to `retry_backoff_s` × 2^(attempt−1) (full jitter)",
+    "retry_backoff_max_s": "Retry backoff cap (the upper end of the jitter window)",
     "phase_timeout_s": "One attempt of a phase longer than this is cancelled and retried "
                        "(0 = no limit; `@wf.phase(name, timeout_s=...)` overrides)",
     "stale_after_s": "A run resuming from an older checkpoint re-checks its observed resources "
@@ -73,7 +74,8 @@ MEANINGS: dict[str, str] = {
                            "strands work)",
     "metrics_host": "Worker `/metrics`, `/healthz`, `/readyz`: listen address",
     "metrics_port": "Worker `/metrics`, `/healthz`, `/readyz`: port",
-    "log_level": "Log level",
+    "log_level": "Log level (for the standard-library loggers too; the AWS SDK, httpx and "
+                 "kubernetes loggers never below WARNING)",
     "log_format": "`auto` = JSON unless stderr is a TTY",
     "api_host": "Orchestrator API listen address (`--host`)",
     "api_port": "Orchestrator API port (`--port`)",

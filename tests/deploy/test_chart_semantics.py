@@ -232,6 +232,14 @@ def test_too_short_grace_fails_with_a_clear_message(minimal_values, helm_home):
         ({"config": {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/std"}}, "FIFO queue"),
         ({"worker": {"heartbeatSeconds": 30}},
          "must be shorter than worker.visibilityTimeoutSeconds"),
+        # No pooler declared: 200 workers x 4 + the orchestrator's 2 pools of 4 > 90.
+        ({"database": {"pooler": "none"}, "autoscaling": {"mode": "hpa", "maxReplicas": 200}},
+         "200 workers x database.poolMax 4 + the orchestrator's 4 = 804 connections exceed "
+         "database.connectionBudget (90)"),
+        ({"database": {"pooler": "none", "poolMax": 30, "connectionBudget": 100},
+          "autoscaling": {"mode": "none"}, "worker": {"replicas": 3}},
+         "3 workers x database.poolMax 30 + the orchestrator's 30 = 120 connections exceed "
+         "database.connectionBudget (100)"),
     ],
 )
 def test_bad_combinations_fail_with_a_clear_message(override, message, minimal_values, helm_home):
@@ -343,3 +351,17 @@ def test_worker_memory_limit_leaves_room_for_an_emergency_flush(scenario, render
     resources = container["resources"]
     request = _mebibytes(resources["requests"]["memory"])
     assert _mebibytes(resources["limits"]["memory"]) >= 1.5 * request
+
+
+@pytest.mark.parametrize("override", [
+    {"autoscaling": {"mode": "hpa", "maxReplicas": 1000}},  # a pooler is declared (default)
+    {"database": {"pooler": "none"}, "autoscaling": {"mode": "hpa", "maxReplicas": 20}},
+    {"database": {"pooler": "none", "connectionBudget": 0},  # 0: the check is off
+     "autoscaling": {"mode": "hpa", "maxReplicas": 200}},
+])
+def test_connection_budget_applies_only_without_a_pooler(override, minimal_values, helm_home):
+    rendered = chart.render(chart.merge_values(minimal_values, override))
+    config = rendered.one("ConfigMap", "-config")["data"]
+    assert config["PHASEGATE_DATABASE_POOLER"] == override.get("database", {}).get(
+        "pooler", "transaction")
+    assert config["PHASEGATE_DB_POOL_MAX"] == "4"

@@ -1,5 +1,5 @@
 """The Dockerfile's structure (no Docker engine here to build it): multi-stage, slim base,
-the repository package installed exactly as the tests install it, a final stage without build
+the dependencies from the hash-pinned image lock, a final stage without build
 tools, the chart's non-root uid, and `phasegate` as the entrypoint."""
 
 from __future__ import annotations
@@ -47,18 +47,35 @@ def test_final_stage_carries_oci_labels(stages, pyproject):
     assert f'licenses="{pyproject["project"]["license"]}"' in labels
 
 
-def test_build_stage_installs_the_repository_package_with_the_constraints(stages, pyproject):
+def test_build_stage_installs_the_locked_dependencies_then_the_package(stages, pyproject):
     build = stages[0]
     installs = [line for line in build.run_text().split("&&") if "pip install" in line]
-    assert any(re.search(r"pip install -c requirements-constraints\.txt \.(\s|$)", line)
+    # Every dependency comes from the hash-pinned image lock; the package itself adds none.
+    assert any(re.search(r"pip install --require-hashes -r requirements/image\.lock(\s|$)", line)
                for line in installs), installs
+    (package,) = [line for line in installs if re.search(r"\s\.(\s|$)", line)]
+    assert "--no-deps" in package and "--no-build-isolation" in package, package
     copied = " ".join(i.args for i in build.all("COPY"))
     packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    needed = ["pyproject.toml", "requirements-constraints.txt", pyproject["project"]["readme"]]
+    needed = ["pyproject.toml", "requirements/image.lock", "LICENSE",
+              pyproject["project"]["readme"]]
     needed += [p.rstrip("*") for p in packages]
     for name in needed:
         assert re.search(rf"(^|\s){re.escape(name)}(\s|$)", copied), f"{name} not copied"
     assert "phasegate" in pyproject["project"]["scripts"]
+
+
+def test_image_lock_pins_every_requirement_with_a_hash():
+    text = (chart.ROOT / "requirements" / "image.lock").read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 2)[2].strip())
+    names = set()
+    for entry in entries:
+        requirement = entry.splitlines()[0]
+        assert re.match(r"[A-Za-z0-9._-]+==\S+", requirement), requirement
+        assert "--hash=sha256:" in entry, requirement
+        names.add(requirement.split("==")[0].lower())
+    # the build backend the Dockerfile's --no-build-isolation install relies on
+    assert {"setuptools", "wheel", "aioboto3", "asyncpg", "rich"} <= names
 
 
 def test_final_stage_has_no_build_tools(stages):

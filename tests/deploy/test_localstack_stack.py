@@ -41,6 +41,10 @@ def test_ready_hook_creates_fifo_queue_and_dlq_with_redrive(sqs_server, capsys):
         QueueUrl=u, AttributeNames=["All"])["Attributes"] for u in urls}
     queue, dlq = attrs["phasegate.fifo"], attrs["phasegate-dlq.fifo"]
     assert queue["FifoQueue"] == dlq["FifoQueue"] == "true"
+    # High-throughput FIFO: dedup and the throughput quota per message group (one per run).
+    for attributes in (queue, dlq):
+        assert attributes["DeduplicationScope"] == "messageGroup"
+        assert attributes["FifoThroughputLimit"] == "perMessageGroupId"
     assert queue["VisibilityTimeout"] == "45"  # matches the worker's setting
     redrive = json.loads(queue["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == dlq["QueueArn"]

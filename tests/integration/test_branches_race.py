@@ -171,12 +171,12 @@ async def test_supervisor_merge_promotes_a_branch_and_tree_draws_the_dag(setting
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
         f"{wid}  fanout  completed",
-        "* 0 split  fork all -> combine: supervisor (3/3 done)",
-        "|   +-- f0.b0  discarded  1 work, x2 refine",
-        "|   +-- f0.b1  merged     1 work  (winner)",
-        "|   `-- f0.b2  discarded  1 work, x2 refine",
-        "* 1 combine  <- promoted from f0.b1 (supervisor merge)",
-        "* 2 publish",
+        "├── * 0 split  fork all -> combine: supervisor (3/3 done)",
+        "│   ├── f0.b0  discarded  1 work, x2 refine",
+        "│   ├── f0.b1  merged     1 work  (winner)",
+        "│   └── f0.b2  discarded  1 work, x2 refine",
+        "├── * 1 combine  <- promoted from f0.b1 (supervisor merge)",
+        "└── * 2 publish",
     ]
 
 

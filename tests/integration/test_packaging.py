@@ -9,6 +9,7 @@ artifact: it installs the wheel into a fresh venv and imports it from outside th
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,9 +24,14 @@ SQL_FILES = ("queries", "branches", "governance", "control", "schema", "demo")
 
 
 def build_wheel(out: Path) -> Path:
+    # From a copy of the sources: setuptools reuses a checkout's build/ directory, and a stale
+    # one (say, from before a module moved) would put files in the wheel the tree no longer has.
+    source = out.parent / f"{out.name}-src"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*_cache", "site"))
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)], capture_output=True, text=True, check=False)
+         "-w", str(out), str(source)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return next(out.glob("phasegate-*.whl"))
 
@@ -97,3 +103,30 @@ def test_fresh_venv_imports_the_installed_package_only(tmp_path: Path) -> None:
     assert found["top_level"] == []
     assert not (site / "worker").exists() and not (site / "orchestrator").exists()
     assert found["sdk"] == ["phasegate.workflow", "phasegate.context", "phasegate.workflow"]
+
+
+def test_wheel_metadata_license_urls_classifiers_and_typing_markers(tmp_path: Path) -> None:
+    import tomllib
+    from email.parser import Parser
+
+    wheel = zipfile.ZipFile(build_wheel(tmp_path))
+    names = set(wheel.namelist())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    metadata = Parser().parsestr(wheel.read(
+        next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
+    # The license the metadata declares is the text the wheel ships.
+    assert metadata["License-Expression"] == project["license"] == "Apache-2.0"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    shipped = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    assert wheel.read(shipped) == (ROOT / "LICENSE").read_bytes()
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
+    assert urls["Source"] == "https://github.com/phasegate/phasegate"
+    assert set(urls) >= {"Homepage", "Documentation", "Source", "Issues"}
+    classifiers = metadata.get_all("Classifier")
+    assert "Typing :: Typed" in classifiers and classifiers == project["classifiers"]
+    assert all(f":: {v}" in " ".join(classifiers) for v in ("3.11", "3.12"))
+    # PEP 561: every top-level package (one: phasegate) ships its py.typed marker.
+    packages = {n.split("/")[0] for n in names if n.count("/") == 1 and
+                n.endswith("/__init__.py")}
+    assert packages and all(f"{p}/py.typed" in names for p in packages), packages

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from phasegate import NonRetryableError, Workflow, tracing
 from phasegate.envelope import start_message
-from phasegate.logs import configure_logging
+from phasegate.logs import configure_logging, reset_logging
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.residency import RegionalStore
 from phasegate.store import create_pool
@@ -75,6 +75,7 @@ def json_logs():
     yield buffer
     structlog.configure(**{**config, "logger_factory": structlog.PrintLoggerFactory()})
     structlog.reset_defaults()
+    reset_logging()
 
 
 @pytest.fixture

@@ -67,13 +67,15 @@ def test_tree_draws_an_open_fork_and_a_race() -> None:
                 {"branch": "f0.s1", "status": "running", "steps": []}]}
     assert tree(run, checkpoints, [fork]).splitlines() == [
         "wf  speculate  running",
-        "* 0 plan  fork race -> pick: open (0/2 done)",
-        "|   +-- f0.s0  running    1 attempt",
-        "|   `-- f0.s1  running    -",
-        "o 1 pick  waiting: 0/2 done",
+        "├── * 0 plan  fork race -> pick: open (0/2 done)",
+        "│   ├── f0.s0  running    1 attempt",
+        "│   └── f0.s1  running    -",
+        "└── o 1 pick  waiting: 0/2 done",
     ]
     won = {**fork, "status": "merged", "resolution": "race", "winner": "f0.s1",
            "branches": [{**fork["branches"][0], "status": "discarded"},
                         {**fork["branches"][1], "status": "merged"}]}
     done = [*checkpoints, {"seq": 1, "branch": "main", "phase": "pick", "kind": "phase"}]
-    assert tree(run, done, [won]).splitlines()[-1] == "* 1 pick  <- race won by f0.s1"
+    assert tree(run, done, [won]).splitlines()[-1] == "└── * 1 pick  <- race won by f0.s1"
+    assert "\x1b[" not in tree(run, done, [won])  # plain: no escape codes
+    assert "\x1b[1mwf" in tree(run, done, [won], color=True)

@@ -1,14 +1,31 @@
-"""The control CLI's plain-text tables."""
+"""The control CLI's tables and views (rich): plain and parseable without a terminal, styled
+and redrawn in place on one."""
 
 from __future__ import annotations
 
+import io
+import re
+
+from rich.text import Text
+
 from phasegate.orchestrator import render
+
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def test_table_aligns_columns_and_marks_missing_values() -> None:
     text = render.table(["a", "long header"], [["x", None], ["yyyy", 3]])
     assert text.splitlines() == ["A     LONG HEADER", "x     -", "yyyy  3"]
-    assert render.table(["a"], [["x"]], color=True).startswith(render.BOLD + "A")
+    assert "\x1b[" not in text
+    styled = render.table(["a"], [["x"]], color=True)
+    assert styled.startswith("\x1b[1mA") and ESCAPE.sub("", styled).split() == ["A", "x"]
+
+
+def test_plain_output_never_wraps_and_never_reads_markup() -> None:
+    long = "w" * 300
+    text = render.table(["workflow", "phase"], [[long, "[bold]p[/]"], ["x", "y"]])
+    assert text.splitlines()[1].split() == [long, "[bold]p[/]"]  # one record, one line
+    assert len(text.splitlines()) == 3
 
 
 def test_age_picks_a_readable_unit() -> None:
@@ -40,3 +57,61 @@ def test_action_line_says_when_the_relay_will_send() -> None:
     assert render.action({"action": "retry", "run": run, "sent": True}) == (
         "retry: x is now running")
     assert "relay will send" in render.action({"action": "retry", "run": run, "sent": False})
+
+
+def test_watch_redraws_in_place_without_clearing_the_screen() -> None:
+    out = io.StringIO()
+    frames = iter([{"runs": [], "queue": {"visible": n, "inflight": 0, "delayed": 0}}
+                   for n in (4, 2)])
+    terminal = render.console(color=True, file=out)
+    render.watch(lambda: render.status_view(next(frames), {"fleet": {}}), interval=0,
+                 count=2, out=terminal)
+    drawn = out.getvalue()
+    assert "\x1b[2J" not in drawn and "\x1b[H" not in drawn  # no full-screen clear
+    assert "\x1b[1A" in drawn or "\x1b[A" in drawn  # the second frame moves up over the first
+    plain = ESCAPE.sub("", drawn)
+    # two refreshes (Live draws the last frame once more as it stops)
+    assert plain.count("queue: 4 visible") == 1 and plain.count("queue: 2 visible") >= 1
+    assert plain.index("queue: 4 visible") < plain.index("queue: 2 visible")
+    assert plain.rstrip().endswith("(completed and cancelled: last 24 h; others: all)")
+
+
+def test_status_view_is_a_renderable_for_a_terminal() -> None:
+    summary = {"queue": {"visible": 1, "inflight": 0, "delayed": 0},
+               "runs": [{"status": "running", "workflow": "w", "phase": "p", "tier": None,
+                         "tier_label": None, "runs": 1, "oldest_age_s": 5}]}
+    styled = render.to_text(render.status_view(summary, {"fleet": {}}), color=True)
+    assert "\x1b[1mSTATUS" in styled  # bold header
+    assert ESCAPE.sub("", styled).splitlines() == render.status(summary, {"fleet": {}}).splitlines()
+    assert isinstance(render.status_view(summary, {}).renderables[0], Text)
+
+
+def test_demo_display_is_plain_lines_without_a_terminal() -> None:
+    from phasegate.demo import Display
+
+    out = io.StringIO()
+    display = Display(render.console(color=False, file=out))
+    display.say("starting")
+    display.show(["  completed [#...] 1/4", "", "  workers alive 2"])
+    display.show(["  completed [##..] 2/4"])  # within the plain refresh period: not printed
+    display.close()
+    assert out.getvalue().splitlines() == ["starting",
+                                           "completed [#...] 1/4 | workers alive 2"]
+
+
+def test_demo_display_redraws_a_live_region_on_a_terminal() -> None:
+    from phasegate.demo import Display
+
+    out = io.StringIO()
+    display = Display(render.console(color=True, file=out))
+    display.show(["done 1/4"])
+    display.say("SIGKILL worker pid 123")
+    display.show(["done 4/4"])
+    display.close()
+    drawn = out.getvalue()
+    assert "\x1b[2J" not in drawn  # no full-screen clear
+    plain = ESCAPE.sub("", drawn)
+    # the message is printed above the live region, which is then drawn again below it
+    assert plain.index("done 1/4") < plain.index("SIGKILL worker pid 123") < plain.rindex(
+        "done 4/4")
+    assert plain.rstrip().endswith("done 4/4")  # the last frame stays on screen

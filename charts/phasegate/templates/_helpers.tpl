@@ -190,6 +190,15 @@ Checks that make a bad combination fail at render time with a message saying wha
 {{- if and .Values.orchestrator.fleetView.enabled (eq (include "phasegate.serviceAccountName" (dict "ctx" . "component" "orchestrator")) "default") }}
 {{- fail "orchestrator.fleetView.enabled binds a Role to the orchestrator's ServiceAccount, which would be the namespace's \"default\" one (granting every pod that uses it): set serviceAccounts.orchestrator.create or serviceAccounts.orchestrator.name, or set orchestrator.fleetView.enabled false" }}
 {{- end }}
+{{- $db := .Values.database }}
+{{- if and (eq $db.pooler "none") (gt (int $db.connectionBudget) 0) }}
+{{- $workers := ternary .Values.worker.replicas .Values.autoscaling.maxReplicas (eq (include "phasegate.autoscalingMode" .) "none") }}
+{{- $orchestrator := mul .Values.orchestrator.replicas (max 2 $db.poolMax) }}
+{{- $total := add (mul $workers $db.poolMax) $orchestrator }}
+{{- if gt (int $total) (int $db.connectionBudget) }}
+{{- fail (printf "database.pooler is none, and %d workers x database.poolMax %d + the orchestrator's %d = %d connections exceed database.connectionBudget (%d): put PgBouncer (transaction mode) or RDS Proxy in front and set database.pooler transaction, or lower autoscaling.maxReplicas or database.poolMax" (int $workers) (int $db.poolMax) (int $orchestrator) (int $total) (int $db.connectionBudget)) }}
+{{- end }}
+{{- end }}
 {{- $hpa := .Values.autoscaling.hpa }}
 {{- if and (lt (int $hpa.minReplicas) 1) (not $hpa.scaleToZero) }}
 {{- fail "autoscaling.hpa.minReplicas 0 is scale to zero, which the API server rejects without the HPAScaleToZero feature gate (stock EKS does not enable it): set autoscaling.hpa.scaleToZero true if your cluster has the gate, or use KEDA (autoscaling.mode keda or auto) for scale to zero" }}

@@ -36,7 +36,14 @@ dlq_name = os.environ.get("PHASEGATE_DLQ_NAME", "phasegate-dlq.fifo")
 visibility = os.environ.get("PHASEGATE_VISIBILITY_TIMEOUT_S", "30")
 max_receive = os.environ.get("PHASEGATE_MAX_RECEIVE_COUNT", "50")
 
-fifo = {"FifoQueue": "true", "ContentBasedDeduplication": "false"}
+# High-throughput FIFO: deduplication and the 300 calls/s quota apply per message group (one
+# group per run) instead of per queue; ordering within a run is unchanged.
+fifo = {
+    "FifoQueue": "true",
+    "ContentBasedDeduplication": "false",
+    "DeduplicationScope": "messageGroup",
+    "FifoThroughputLimit": "perMessageGroupId",
+}
 dlq_url = sqs.create_queue(
     QueueName=dlq_name,
     # Keep dead letters for the SQS maximum (14 days) so they can be inspected and redriven.

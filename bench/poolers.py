@@ -1,0 +1,176 @@
+"""What statement handling costs, direct and through PgBouncer (transaction mode).
+
+    python -m bench.poolers --transitions 4000 --concurrency 8 --rounds 3
+
+An in-process worker (the real transition, ``InMemoryFifoQueue`` as the queue, so Postgres is
+the only server) runs ``--transitions`` no-op transitions of 1 KB state per mode; modes
+alternate each round on a fresh database, figures are medians. Modes:
+
+- ``direct/cache`` — direct, asyncpg's statement cache on (PHASEGATE_DATABASE_POOLER=none);
+- ``direct/nocache`` — direct, no named statements (the default, transaction);
+- ``pgbouncer/nocache`` — through PgBouncer 1.18, transaction mode, 6 server connections;
+- ``pgbouncer/cache`` — the cache through PgBouncer: expected to fail (named statements do not
+  survive a transaction pooler; PgBouncer ≥ 1.21's ``max_prepared_statements`` would be the fix,
+  Debian bookworm ships 1.18).
+
+Also per transition: commits and WAL bytes (pg_stat_database, pg_current_wal_lsn deltas of the
+run's database and server), the inputs of the capacity model (bench/capacity.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+from bench.common import Databases, machine
+from bench.pgbouncer import PgBouncer
+from bench.workload import PAYLOAD, noop_workflow, on_last_phase
+from phasegate.db import Pooler, create_pool
+from phasegate.envelope import start_message
+from phasegate.orchestrator.embedded import local_aws_env
+from phasegate.queue import Outgoing
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.worker.fake_queue import InMemoryFifoQueue
+from phasegate.worker.runtime import Worker
+from phasegate.workflow import Registry
+
+MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
+                                         ("pgbouncer", "transaction"), ("pgbouncer", "none"))
+PHASES = 10
+FAIL_AFTER_S = 60.0
+
+
+def mode_name(route: str, pooler: Pooler) -> str:
+    return f"{route}/{'cache' if pooler == 'none' else 'nocache'}"
+
+
+async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
+                  concurrency: int) -> dict[str, Any]:
+    workflow = noop_workflow(PHASES)
+    groups = max(1, transitions // PHASES)
+    pool = await create_pool(dsn, min_size=concurrency, max_size=concurrency, pooler=pooler)
+    admin = await create_pool(admin_dsn, min_size=1, max_size=1, pooler="none")
+    store = Store(pool)
+    queue, dlq = InMemoryFifoQueue(), InMemoryFifoQueue()
+    try:
+        for index in range(groups):
+            workflow_id = f"p{index}-{uuid.uuid4().hex[:8]}"
+            message = start_message(workflow_id, workflow.name, PAYLOAD)
+            await store.start_run(workflow_id=workflow_id, workflow=workflow.name,
+                                  schema_version=workflow.schema_version, input=PAYLOAD,
+                                  first_phase=workflow.first_phase, message=message)
+            await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+        settings = Settings(concurrency=concurrency, wait_time_s=1, visibility_timeout_s=30,
+                            heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
+                            worker_id="bench", db_pool_max=concurrency, database_pooler=pooler)
+        worker = Worker(settings=settings, registry=Registry([workflow]), queue=queue, dlq=dlq,
+                        store=store)
+        finished = 0
+
+        def last_phase_ran() -> None:
+            nonlocal finished
+            finished += 1
+            if finished >= groups:
+                worker.stop()
+
+        on_last_phase(workflow, last_phase_ran)
+        before = await _server_counters(admin)
+        began = time.perf_counter()
+        task = asyncio.create_task(worker.run())
+        done, _ = await asyncio.wait({task}, timeout=FAIL_AFTER_S)
+        wall = time.perf_counter() - began
+        after = await _server_counters(admin)
+        committed = await admin.fetchval("SELECT count(*) FROM checkpoints")
+        if not done:
+            worker.stop()
+            await asyncio.wait_for(task, timeout=60)
+            return {"ok": False, "committed": committed, "expected": groups * PHASES,
+                    "note": f"not done after {FAIL_AFTER_S:g}s"}
+        task.result()
+        n = groups * PHASES
+        return {"ok": committed == n, "transitions": n, "wall_s": round(wall, 3),
+                "transitions_per_s": round(n / wall, 1),
+                "commits_per_transition": round((after["commits"] - before["commits"]) / n, 2),
+                "wal_bytes_per_transition": round((after["wal"] - before["wal"]) / n)}
+    finally:
+        await pool.close()
+        await admin.close()
+
+
+async def _server_counters(admin: Any) -> dict[str, int]:
+    row = await admin.fetchrow(
+        "SELECT xact_commit AS commits, pg_current_wal_lsn() - '0/0'::pg_lsn AS wal "
+        "FROM pg_stat_database WHERE datname = current_database()")
+    await admin.execute("SELECT pg_stat_clear_snapshot()")
+    return {"commits": int(row["commits"]), "wal": int(row["wal"])}
+
+
+async def bench(*, transitions: int, concurrency: int, rounds: int) -> dict[str, Any]:
+    databases = await Databases().start()
+    bouncer = PgBouncer.in_front_of(databases.server_dsn).start()
+    runs: dict[str, list[dict[str, Any]]] = {mode_name(r, p): [] for r, p in MODES}
+    try:
+        for round_ in range(rounds):
+            order = MODES if round_ % 2 == 0 else tuple(reversed(MODES))
+            for route, pooler in order:
+                direct = await databases.fresh()
+                dsn = bouncer.route(direct) if route == "pgbouncer" else direct
+                try:
+                    result = await one_run(dsn, direct, pooler=pooler,
+                                           transitions=transitions, concurrency=concurrency)
+                except Exception as exc:  # the mode failed outright: record why
+                    result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
+                finally:
+                    await databases.drop(direct)
+                runs[mode_name(route, pooler)].append(result)
+                print(mode_name(route, pooler), json.dumps(result), flush=True)
+    finally:
+        bouncer.stop()
+        await databases.stop()
+    summary: dict[str, Any] = {}
+    for name, results in runs.items():
+        good = [r for r in results if r.get("ok")]
+        if len(good) != len(results):
+            summary[name] = {"ok": False, "failures": [r for r in results if not r.get("ok")][:1]}
+            continue
+        summary[name] = {"ok": True, "transitions_per_s": statistics.median(
+            r["transitions_per_s"] for r in good), "commits_per_transition": statistics.median(
+            r["commits_per_transition"] for r in good), "wal_bytes_per_transition":
+            statistics.median(r["wal_bytes_per_transition"] for r in good)}
+    base = summary["direct/cache"].get("transitions_per_s")
+    for figures in summary.values():
+        if base and figures.get("ok"):
+            figures["ratio_to_direct_cache"] = round(figures["transitions_per_s"] / base, 2)
+    return {"machine": machine(), "transitions": transitions, "concurrency": concurrency,
+            "rounds": rounds, "modes": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.poolers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transitions", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    import logging
+    import os
+
+    import structlog
+
+    os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    result = asyncio.run(bench(transitions=args.transitions, concurrency=args.concurrency,
+                               rounds=args.rounds))
+    print(json.dumps(result["modes"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""phasegate through PgBouncer in transaction mode (6 server connections): what breaks a naive
+asyncpg client there does not break phasegate's connections, migrations or workers.
+
+The engine's end-to-end modules run through the same PgBouncer as well (tests/conftest.py,
+``db_route``); this module checks the pieces and the failure the pooler mode exists for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+from structlog.testing import capture_logs
+
+from bench.pgbouncer import PgBouncer
+from phasegate.db import connect, create_pool
+from phasegate.migrate import migrate
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.sql import migration_files
+from phasegate.workflow import Registry
+from tests import workflows
+from tests.helpers import all_done, make_settings, queue_for, running_worker, store_for, wait_for
+
+CLIENTS = 24  # four times the server pool: server connections really are shared
+
+
+async def _hammer(pool: asyncpg.Pool) -> None:
+    async def client(i: int) -> None:
+        for _ in range(20):
+            assert await pool.fetchval("SELECT $1::int * 2", i) == i * 2
+            async with pool.acquire() as connection, connection.transaction():
+                assert await connection.fetchval("SELECT $1::text", str(i)) == str(i)
+    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
+
+
+async def test_named_statements_fail_through_the_pooler_and_phasegates_do_not(
+        pgbouncer: PgBouncer, database_url: str):
+    pooled = pgbouncer.route(database_url)
+    # The failure the issue reported: asyncpg's statement cache (named statements) through a
+    # transaction-mode pooler. If this stops failing, the pooler is not really pooling.
+    naive = await create_pool(pooled, min_size=CLIENTS, max_size=CLIENTS, pooler="none")
+    try:
+        with pytest.raises(asyncpg.PostgresError):
+            await _hammer(naive)
+    finally:
+        await naive.close()
+    safe = await create_pool(pooled, min_size=CLIENTS, max_size=CLIENTS)
+    try:
+        await _hammer(safe)
+    finally:
+        await safe.close()
+
+
+async def test_migrate_through_the_pooler(pgbouncer: PgBouncer, empty_database_url: str):
+    pooled = pgbouncer.route(empty_database_url)
+    # Two at once: the transaction-scoped advisory lock serialises them through the pooler.
+    reports = await asyncio.gather(migrate(pooled), migrate(pooled))
+    newest = migration_files()[-1][0]
+    assert sorted(len(r.applied) for r in reports) == [0, len(migration_files())]
+    assert {r.current_version for r in reports} == {newest}
+    connection = await connect(pooled)
+    try:
+        assert await connection.fetchval(
+            "SELECT max(version) FROM phasegate_migrations") == newest
+    finally:
+        await connection.close()
+
+
+async def test_worker_logs_the_fifo_quota_it_runs_under(pgbouncer: PgBouncer, database_url: str,
+                                                        queue_pair, sqs_endpoint):
+    workflows.LEDGER_DSN = pgbouncer.route(database_url)
+    settings = make_settings(pgbouncer.route(database_url), queue_pair, sqs_endpoint)
+    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
+        wid = (await start_workflow(store, queue, workflow=workflows.chain,
+                                    input={"n": 1})).workflow_id
+    with capture_logs() as logs:
+        async with running_worker(settings, Registry([workflows.chain])):
+            await wait_for(lambda: all_done(database_url, [wid]), what="run done")
+    quota = [e for e in logs if e["event"] == "sqs_quota"]
+    assert len(quota) == 1
+    assert quota[0]["mode"] == "high_throughput"
+    assert quota[0]["calls_per_s_per_group"] == 300
+    assert not [e for e in logs if e["event"] == "sqs_quota_standard_fifo"]

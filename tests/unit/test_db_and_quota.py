@@ -1,0 +1,48 @@
+"""The connection rules for poolers and the SQS quota a queue's attributes select."""
+
+from __future__ import annotations
+
+import pytest
+
+from phasegate.db import statement_cache_size
+from phasegate.limits import (
+    SQS_FIFO_CALLS_PER_S,
+    SQS_FIFO_HT_CALLS_PER_S_MAX,
+    SQS_FIFO_MESSAGES_PER_S_BATCHED,
+    fifo_quota,
+)
+from phasegate.settings import SettingsError, load_settings
+
+
+def test_behind_a_pooler_no_statement_is_cached_whatever_the_cache_setting():
+    assert statement_cache_size("transaction", 100) == 0
+    assert statement_cache_size("none", 100) == 100
+    assert statement_cache_size("none", 0) == 0
+    with pytest.raises(ValueError, match="transaction, none"):
+        statement_cache_size("session", 100)  # type: ignore[arg-type]
+
+
+def test_pooler_setting_defaults_to_transaction_and_rejects_unknown_modes(monkeypatch):
+    monkeypatch.delenv("PHASEGATE_DATABASE_POOLER", raising=False)
+    assert load_settings().database_pooler == "transaction"
+    monkeypatch.setenv("PHASEGATE_DATABASE_POOLER", "none")
+    assert load_settings().database_pooler == "none"
+    monkeypatch.setenv("PHASEGATE_DATABASE_POOLER", "session")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert error.value.variable == "PHASEGATE_DATABASE_POOLER"
+
+
+def test_fifo_quota_follows_the_high_throughput_attributes():
+    standard = fifo_quota({"FifoQueue": "true"})
+    assert standard.mode == "standard"
+    assert standard.calls_per_s_per_action == SQS_FIFO_CALLS_PER_S == 300
+    assert standard.messages_per_s_batched == SQS_FIFO_MESSAGES_PER_S_BATCHED == 3000
+    # Only both attributes together switch the mode (AWS requires the pair).
+    half = fifo_quota({"FifoQueue": "true", "DeduplicationScope": "messageGroup"})
+    assert half.mode == "standard"
+    high = fifo_quota({"FifoQueue": "true", "DeduplicationScope": "messageGroup",
+                       "FifoThroughputLimit": "perMessageGroupId"})
+    assert high.mode == "high_throughput"
+    assert high.calls_per_s_per_action == SQS_FIFO_HT_CALLS_PER_S_MAX
+    assert high.calls_per_s_per_group == 300

@@ -1,0 +1,91 @@
+"""Standard-library loggers (uvicorn, asyncpg, botocore, ...) go through the same structlog
+JSON pipeline as phasegate's own lines (phasegate/logs.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import structlog
+
+from phasegate.logs import configure_logging, reset_logging
+
+SECRET = "AKIAEXAMPLESECRET/wJalrXUtnFEMI"
+
+
+class Stderr:
+    """What the process wrote to stderr (pytest's capture), read as text and as JSON lines."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+        self.text = ""
+
+    def getvalue(self) -> str:
+        self.text += self.capsys.readouterr().err
+        return self.text
+
+
+@pytest.fixture
+def stderr(capsys: pytest.CaptureFixture[str]):
+    yield Stderr(capsys)
+    structlog.contextvars.clear_contextvars()
+    structlog.reset_defaults()
+    reset_logging()
+
+
+def lines(buffer: Stderr) -> list[dict[str, object]]:
+    return [json.loads(line) for line in buffer.getvalue().splitlines()]
+
+
+def test_a_stdlib_record_is_one_json_line_with_the_same_keys(stderr: Stderr) -> None:
+    configure_logging("info", "json")
+    structlog.contextvars.bind_contextvars(workflow_id="wf_1")
+    structlog.get_logger("phasegate.test").info("own_line", n=1)
+    logging.getLogger("uvicorn.error").info("Uvicorn running on %s", "http://127.0.0.1:8080")
+    logging.getLogger("asyncpg.pool").warning("pool %s closing", "p1")
+    own, uvicorn, asyncpg = lines(stderr)  # one line per record, each valid JSON
+    assert own["event"] == "own_line" and own["workflow_id"] == "wf_1"
+    assert uvicorn["event"] == "Uvicorn running on http://127.0.0.1:8080"
+    assert uvicorn["logger"] == "uvicorn.error" and asyncpg["logger"] == "asyncpg.pool"
+    for record in (uvicorn, asyncpg):
+        assert set(own) - {"n"} <= set(record)  # event, level, timestamp, bound context
+        assert record["workflow_id"] == "wf_1"
+    assert [uvicorn["level"], asyncpg["level"]] == ["info", "warning"]
+    assert str(uvicorn["timestamp"]).endswith("Z")
+
+
+def test_aws_sdk_debug_lines_never_reach_the_log_even_at_debug(stderr: Stderr) -> None:
+    configure_logging("debug", "json")
+    for name in ("botocore.endpoint", "aiobotocore.endpoint", "botocore.auth"):
+        logging.getLogger(name).debug("Sending http request: Authorization=%s", SECRET)
+    logging.getLogger("botocore.credentials").info("Found credentials %s", SECRET)
+    logging.getLogger("botocore.retryhandler").warning("retry needed: throttled")
+    logging.getLogger("uvicorn.error").debug("debug from uvicorn")
+    assert SECRET not in stderr.getvalue()
+    events = [record["event"] for record in lines(stderr)]
+    assert events == ["retry needed: throttled", "debug from uvicorn"]
+
+
+def test_a_stdlib_exception_is_redacted_like_our_own(stderr: Stderr) -> None:
+    configure_logging("info", "json")
+    try:
+        raise ValueError(f"state held {SECRET}")
+    except ValueError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    (record,) = lines(stderr)
+    assert SECRET not in stderr.getvalue()
+    assert record["error_type"] == "ValueError"
+    assert str(record["error"]).startswith("ValueError (message withheld")
+    assert record["traceback"] and record["event"] == "Exception in ASGI application"
+
+
+def test_configuring_twice_keeps_one_handler_and_reset_removes_it(stderr: Stderr) -> None:
+    before = list(logging.getLogger().handlers)
+    configure_logging("info", "json")
+    configure_logging("warning", "json")
+    logging.getLogger("asyncpg").info("dropped below the level")
+    logging.getLogger("asyncpg").error("kept")
+    assert [r["event"] for r in lines(stderr)] == ["kept"]
+    reset_logging()
+    assert logging.getLogger().handlers == before
