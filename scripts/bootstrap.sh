@@ -25,6 +25,18 @@ if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
+  # Debian's python3 ships without venv's ensurepip until python3-venv is installed.
+  if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing python3-venv (apt-get install python3-venv) ..." >&2
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    else
+      echo "$python has no venv module: install the python3-venv package" \
+           "(sudo apt-get install python3-venv) and run this again" >&2
+      exit 2
+    fi
+  fi
   "$python" -m venv .venv
 fi
 stamp=.venv/.phasegate-installed

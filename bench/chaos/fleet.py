@@ -1,5 +1,10 @@
 """The OS processes of a chaos run: worker processes (each armed with one kill point), the
-outbox relay, and the moto SQS server. Workers are restarted when they die."""
+outbox relay, and the moto SQS server. Workers are restarted when they die.
+
+Kill points are armed in the schedule's order as ``point@N`` while the fault window lasts.
+A slow fleet may not reach every N before the window ends, so then each kind that never
+fired is armed once more as ``point@1`` (``end_window``): I6 holds on a loaded machine
+without a weaker check."""
 
 from __future__ import annotations
 
@@ -16,6 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_LINE = re.compile(r"phasegate: fault injection: SIGKILL at (\w+)")
+
+
+def point_kind(point: str) -> str:
+    """``step_effect@7`` -> ``step_effect``."""
+    return point.partition("@")[0]
 
 
 @dataclass
@@ -35,7 +45,7 @@ class Fleet:
     log_dir: Path
     kill_points: list[str]
     seed: int
-    armed: bool = True
+    window_over: bool = False  # then only never-fired kinds are armed, each at its first hit
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     finished: list[tuple[WorkerProcess, int]] = field(default_factory=list)
     relay: subprocess.Popen[bytes] | None = None
@@ -46,6 +56,11 @@ class Fleet:
 
     def __post_init__(self) -> None:
         self._pending = list(self.kill_points)
+
+    @property
+    def pending(self) -> list[str]:
+        """The kill points the next armed starts take, in order."""
+        return list(self._pending)
 
     def _spawn(self, args: list[str], name: str, extra: dict[str, str]
                ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -67,7 +82,7 @@ class Fleet:
         while some point has never fired yet, so kills stay paced by the schedule."""
         self._incarnations[slot] += 1
         incarnation = self._incarnations[slot]
-        faults = self._pending.pop(0) if arm and self.armed and self._pending else ""
+        faults = self.take_point() if arm else ""
         process, path = self._spawn(["worker"], f"worker-{slot}-{incarnation}", {
             "PHASEGATE_WORKER_ID": f"w{slot}.{incarnation}", "PHASEGATE_FAULTS": faults,
             "PHASEGATE_FAULT_SEED": str(self.seed * 1000 + slot * 100 + incarnation)})
@@ -75,17 +90,19 @@ class Fleet:
         self.workers[slot] = worker
         return worker
 
+    def take_point(self) -> str:
+        """The next queued kill point ("" when none), for a worker about to start."""
+        return self._pending.pop(0) if self._pending else ""
+
     def reap(self) -> list[WorkerProcess]:
         """Workers that exited on their own (a fault point fired); restarts them."""
         dead = []
         for slot, worker in list(self.workers.items()):
             code = worker.process.poll()
             if code is not None and worker.expected_exit is None:
-                self.finished.append((worker, code))
+                self.retire(worker, code)
                 dead.append(worker)
-                if worker.faults:
-                    self.fired_points.add(worker.faults.partition("@")[0])
-                upcoming = self._pending[0].partition("@")[0] if self._pending else None
+                upcoming = point_kind(self._pending[0]) if self._pending else None
                 self.start_worker(slot, arm=upcoming not in self.fired_points)
         return dead
 
@@ -95,11 +112,41 @@ class Fleet:
         worker.process.send_signal(sig)
         return worker
 
-    def requeue_point(self, worker: WorkerProcess) -> None:
-        """The runner ended ``worker`` before its armed point fired: arm the next one with it,
-        so every scheduled point fires (I6)."""
-        if worker.faults and not FAULT_LINE.search(worker.log.read_text(errors="replace")):
+    def retire(self, worker: WorkerProcess, code: int) -> None:
+        """Record how ``worker`` ended. Its armed point fired (its log says so), or the runner
+        ended it first: then the point is armed again on the next start, so every scheduled
+        kind fires (I6)."""
+        self.finished.append((worker, code))
+        if not worker.faults:
+            return
+        kind = point_kind(worker.faults)
+        if FAULT_LINE.search(worker.log.read_text(errors="replace")):
+            self.fired_points.add(kind)
+            if self.window_over:
+                self._pending = [p for p in self._pending if point_kind(p) != kind]
+        elif not self.window_over:
             self._pending.insert(0, worker.faults)
+        elif kind not in self.fired_points | self._armed_kinds():
+            self._pending.insert(0, f"{kind}@1")
+
+    def _armed_kinds(self) -> set[str]:
+        """Kill-point kinds queued or held by a live worker."""
+        live = [w.faults for w in self.workers.values() if w.process.poll() is None]
+        return {point_kind(p) for p in [*self._pending, *live] if p}
+
+    def end_window(self) -> list[int]:
+        """The fault window is over: the rest of the schedule's points are dropped and each
+        kind that never fired is queued as ``kind@1``. Returns the live slots to restart so
+        those get armed (one per kind, workers holding a never-fired kind first: a slow
+        worker may never reach its N). Bounded: at most one restart per slot here; after
+        that only a fired point restarts a worker, and it takes the next queued kind."""
+        self.window_over = True
+        kinds = dict.fromkeys(map(point_kind, self.kill_points))
+        unfired = [k for k in kinds if k not in self.fired_points]
+        self._pending = [f"{k}@1" for k in unfired]
+        live = [w for w in self.workers.values() if w.process.poll() is None]
+        live.sort(key=lambda w: point_kind(w.faults) not in unfired)
+        return [w.slot for w in live[:len(unfired)]]
 
     def alive(self) -> int:
         return sum(1 for w in self.workers.values() if w.process.poll() is None)

@@ -89,12 +89,18 @@ class Injector:
         else:
             raise ValueError(f"unknown event {kind}")
 
+    async def restart(self, slot: int) -> None:
+        """A rolling restart of one worker (a SIGTERM drain), so its successor is armed with
+        the next queued kill point; used after the fault window (``Fleet.end_window``)."""
+        self.run.last_fault = time.monotonic()
+        async with self.slot_locks[slot]:
+            await self._end_worker("sigterm_worker", slot, self.fleet)
+
     async def _end_worker(self, kind: str, slot: int, fleet: Fleet) -> None:
         if kind == "sigkill_worker":
             worker = fleet.signal_worker(slot, signal.SIGKILL)
             await asyncio.to_thread(worker.process.wait)
-            fleet.finished.append((worker, worker.process.returncode))
-            fleet.requeue_point(worker)
+            fleet.retire(worker, worker.process.returncode)
             fleet.start_worker(slot)
             self.run.fired["sigkill_worker"] += 1
             self.run.say(f"SIGKILL worker {slot}.{worker.incarnation}; restarted")
@@ -115,8 +121,7 @@ class Injector:
             self.run.say(f"SIGTERM worker {slot}.{worker.incarnation}: still draining after "
                          f"{SHUTDOWN_GRACE_S + SHUTDOWN_MARGIN_S:g}s, killed as Kubernetes would")
         self.run.drain_seconds.append(round(time.monotonic() - signalled, 2))
-        fleet.finished.append((worker, code))
-        fleet.requeue_point(worker)
+        fleet.retire(worker, code)
         fleet.start_worker(slot)
         if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(errors="replace")):
             # Its armed kill point fired while it drained: a kill (counted from its log).

@@ -265,6 +265,7 @@ class ChaosRun:
         background: set[asyncio.Task[None]] = set()
         last_progress = 0.0
         window_over = False
+        restarts: list[asyncio.Task[None]] = []
         while not (window_over and producer.done()):
             now = time.monotonic() - start
             while events and events[0].at_s <= now:
@@ -276,21 +277,26 @@ class ChaosRun:
                 self.say(f"worker {worker.slot}.{worker.incarnation} died "
                          f"({worker.faults or 'no armed point'}); restarted")
             if not window_over and now >= window and not events:
-                # The fault window is over: no new armed workers, no more proxy faults.
+                # The fault window is over: no more proxy faults or scheduled events.
                 window_over = True
                 await asyncio.gather(*background)
-                fleet.armed = False
                 pg_proxy.enabled = False
                 downstream.response_lost_probability = 0.0
                 self.last_fault = max(self.last_fault, time.monotonic())
                 self.say(f"fault window over ({len(self.started)} runs started in it)")
+                # A slow fleet may not have reached every kill point's N: each kind that
+                # never fired is armed at its first hit, by restarting a worker for it.
+                restarts = [asyncio.create_task(injector.restart(slot))
+                            for slot in fleet.end_window()]
+                if fleet.pending:
+                    self.say(f"never fired yet, armed again: {', '.join(fleet.pending)}")
             if now - last_progress > 5:
                 last_progress = now
                 await self._progress(pool, fleet)
             await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
         producer.result()
         self.say("all runs started; waiting for the system to drain")
-        drained = await self._wait_drained(fleet, pool, client, queue_url)
+        drained = await self._wait_drained(fleet, pool, client, queue_url, restarts)
         self.production_s = time.monotonic() - start
         return drained
 
@@ -349,7 +355,10 @@ class ChaosRun:
                  f"workers alive {fleet.alive()}")
 
     async def _wait_drained(self, fleet: Fleet, pool: asyncpg.Pool, client: Any,
-                            queue_url: str) -> float | None:
+                            queue_url: str, restarts: list[asyncio.Task[None]]
+                            ) -> float | None:
+        """Polls until the system is drained and no restart is under way; returns the seconds
+        since the last fault (I7), or None past the deadline."""
         deadline = time.monotonic() + self.config.drain_bound_s * 2
         last_progress = time.monotonic()
         while time.monotonic() < deadline:
@@ -357,7 +366,9 @@ class ChaosRun:
                 self.last_fault = time.monotonic()
                 self.say(f"worker {worker.slot}.{worker.incarnation} died after the window "
                          f"({worker.faults}); restarted")
-            if await self._drained(pool, client, queue_url):
+            if all(t.done() for t in restarts) and await self._drained(pool, client, queue_url):
+                for task in restarts:
+                    task.result()  # a restart that failed fails the run
                 return time.monotonic() - self.last_fault
             if time.monotonic() - last_progress > 5:
                 last_progress = time.monotonic()

@@ -28,15 +28,8 @@ def test_chaos_invariants_hold(seed: int, route: str, tmp_path) -> None:
     report = run_chaos(ChaosConfig(seed=seed, workflows=CI_WORKFLOWS, workers=CI_WORKERS,
                                    drain_bound_s=90.0, log_dir=tmp_path / f"chaos-{seed}",
                                    pgbouncer=route == "pgbouncer"))
-    checked = report.results
-    if route == "pgbouncer":
-        # I6 checks the harness, not phasegate: that every scheduled kill point was reached
-        # inside the 40 s fault window. Through the pooler the fleet gets going more slowly
-        # on a loaded 2-core machine and a late point (after_send@14) is often reached only
-        # after the window, when points are no longer armed. Every guarantee is still checked.
-        checked = [r for r in report.results if not r.name.startswith("I6")]
-    assert all(r.ok for r in checked), "\n" + report.text()
+    assert report.ok, "\n" + report.text()
     # The run really was a chaos run: faults fired and work was redone, never doubled.
     assert report.fired.get("pg_restart", 0) >= 1
     kills = sum(v for k, v in report.fired.items() if k.startswith("kill@"))
-    assert kills >= (4 if route == "pgbouncer" else 6)
+    assert kills >= 6

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from bench.chaos.fleet import Fleet, WorkerProcess
 from bench.chaos.pg_proxy import classify
 from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
 from bench.chaos.workload import expected_key
@@ -26,6 +27,44 @@ def test_same_seed_same_schedule_and_every_kind_scheduled() -> None:
     assert {p.partition("@")[0] for p in one.kill_points[:len(KILL_POINTS)]} == set(KILL_POINTS)
     assert set(KILL_POINTS) <= POINTS
     assert len(POISON_KINDS) == 10
+
+
+def test_kill_points_that_never_fired_are_armed_again_after_the_window(tmp_path) -> None:
+    """A slow fleet may end the fault window before reaching a point's N (I6 failed on a
+    loaded machine): each kind that never fired is queued again at its first hit, and one
+    live worker per kind is restarted to take it, those holding such a kind first."""
+    import subprocess
+    import sys
+
+    fleet = Fleet(env={}, log_dir=tmp_path, seed=1, kill_points=[
+        "after_send@9", "step_effect@4", "after_receive@3", "after_send@5"])
+    fired, quiet = tmp_path / "fired.log", tmp_path / "quiet.log"
+    fired.write_text("phasegate: fault injection: SIGKILL at after_receive\n")
+    quiet.write_text("")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fleet.retire(WorkerProcess(0, 1, "after_receive@3", ended, fired), -9)
+        fleet.workers = {0: WorkerProcess(0, 2, "", live, quiet),
+                         1: WorkerProcess(1, 1, "step_effect@4", live, quiet),
+                         2: WorkerProcess(2, 1, "", ended, quiet)}
+        assert fleet.end_window() == [1, 0]
+        assert fleet.pending == ["after_send@1", "step_effect@1"]
+        # Ended by the runner before its point fired: queued once, and only if never fired.
+        fleet.retire(WorkerProcess(1, 1, "step_effect@4", ended, quiet), 0)
+        fleet.retire(WorkerProcess(0, 2, "after_receive@7", ended, quiet), 0)
+        assert fleet.pending == ["after_send@1", "step_effect@1"]
+        # ... nor while a live worker holds it.
+        fleet.workers[1] = WorkerProcess(1, 2, fleet.take_point(), live, quiet)
+        fleet.retire(WorkerProcess(2, 1, "after_send@9", ended, quiet), 0)
+        assert fleet.pending == ["step_effect@1"]
+        fired.write_text("phasegate: fault injection: SIGKILL at step_effect\n")
+        fleet.retire(WorkerProcess(0, 3, "step_effect@4", ended, fired), -9)
+        assert fleet.pending == []
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_outages_never_hide_other_sqs_windows() -> None:

@@ -120,8 +120,13 @@ async def test_flush_saves_progress_sheds_prefetched_and_restores_after_release(
         assert worker.held == 1, "the unstarted message was handed back"
         assert worker.concurrency_limit == 1
         async with queue_for(settings) as queue:
-            depth = await queue.depth()
-        assert depth.visible == 1 and depth.inflight == 1
+            async def one_back_one_held() -> bool:
+                depth = await queue.depth()
+                return (depth.visible, depth.inflight) == (1, 1)
+
+            # SQS's counts are approximate and trail the change-visibility call.
+            await wait_for(one_back_one_held, timeout=15,
+                           what="one message handed back, the running one in flight")
 
         # Pressure stays away for release_after_s: concurrency comes back.
         await wait_for(lambda: _true(worker.concurrency_limit == settings.concurrency),
