@@ -12,10 +12,12 @@ import itertools
 import json
 import os
 import platform
+import pwd
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -28,7 +30,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from phasegate.migrate import migrate
-from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
+from phasegate.orchestrator.embedded import (
+    EmbeddedPostgres,
+    find_pg_bin,
+    free_port,
+    local_aws_env,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -64,12 +71,35 @@ def with_port(dsn: str, port: int) -> str:
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 
-class Databases:
-    """A server (127.0.0.1:5432 if it answers, else a throwaway cluster), a migrated template,
-    and a fresh clone of it for every run."""
+@dataclass
+class PrivateCluster(EmbeddedPostgres):
+    """A throwaway cluster for the benchmark alone, durable like production (fsync and full
+    page writes on, unlike the embedded test server): the WAL position then moves only with
+    the benchmark's own writes, so WAL bytes per transition can be read from it."""
 
-    def __init__(self, server_dsn: str | None = None) -> None:
+    def start(self) -> PrivateCluster:
+        pg_bin = find_pg_bin()
+        self._owned_dir = tempfile.mkdtemp(prefix="phasegate-bench-pg-")
+        self.data_dir = Path(self._owned_dir) / "data"
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres")
+            os.chown(self._owned_dir, user.pw_uid, user.pw_gid)
+        self._run([str(pg_bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                   "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "-N"])
+        self._run([str(pg_bin / "pg_ctl"), "-D", str(self.data_dir), "-w", "-l",
+                   str(Path(self._owned_dir) / "server.log"), "-o",
+                   f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._owned_dir} "
+                   "-c max_connections=200 -c shared_buffers=128MB", "start"])
+        return self
+
+
+class Databases:
+    """A server (a private cluster by default; an explicit DSN, $PHASEGATE_BENCH_DATABASE_URL
+    or 127.0.0.1:5432 otherwise), a migrated template, and a fresh clone of it for every run."""
+
+    def __init__(self, server_dsn: str | None = None, *, private: bool = False) -> None:
         self._explicit = server_dsn
+        self._private = private
         self._embedded: EmbeddedPostgres | None = None
         self.server_dsn = ""
         self.template = f"bench_tpl_{uuid.uuid4().hex[:10]}"
@@ -77,7 +107,10 @@ class Databases:
 
     async def start(self) -> Databases:
         dsn = self._explicit or os.environ.get("PHASEGATE_BENCH_DATABASE_URL") or LOCAL_PG
-        if not self._explicit and not await _reachable(dsn):
+        if self._private and not self._explicit:
+            self._embedded = PrivateCluster().start()
+            dsn = self._embedded.dsn
+        elif not self._explicit and not await _reachable(dsn):
             self._embedded = EmbeddedPostgres().start()
             dsn = self._embedded.dsn
         self.server_dsn = dsn
@@ -109,12 +142,17 @@ class Databases:
         if self._embedded is not None:
             self._embedded.stop()
 
+    @property
+    def private(self) -> bool:
+        return isinstance(self._embedded, PrivateCluster)
+
     async def settings(self) -> dict[str, str]:
         connection = await asyncpg.connect(self.server_dsn)
         try:
             rows = await connection.fetch(
                 "SELECT name, setting FROM pg_settings WHERE name = ANY($1)",
-                ["server_version", "fsync", "synchronous_commit", "shared_buffers"])
+                ["server_version", "fsync", "synchronous_commit", "shared_buffers",
+                 "full_page_writes"])
         finally:
             await connection.close()
         return {r["name"]: r["setting"] for r in rows}
@@ -134,6 +172,60 @@ async def _reachable(dsn: str) -> bool:
         return False
     await connection.close()
     return True
+
+
+class ServerMeter:
+    """Postgres' own cost of a window: the CPU of the backends serving one database (utime +
+    stime from /proc/<pid>/stat, so the server must run on this host) and the WAL written
+    (pg_current_wal_lsn deltas: cluster-wide, so exact only on a private cluster).
+
+    Backends must live through the window: a backend that exits inside it takes its CPU along.
+    Both systems open their connections before the window and close them after it.
+    """
+
+    TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, server_dsn: str, database: str) -> None:
+        self.server_dsn = server_dsn
+        self.database = database
+        self._cpu: dict[int, float] = {}
+        self._lsn = ""
+
+    async def __aenter__(self) -> ServerMeter:
+        self._admin = await asyncpg.connect(self.server_dsn)
+        self._cpu = await self._backend_cpu()
+        self._lsn = await self._admin.fetchval("SELECT pg_current_wal_lsn()::text")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._admin.close()
+
+    async def read(self) -> dict[str, float]:
+        """CPU seconds and WAL bytes since entering (backends new in the window count whole)."""
+        wal = await self._admin.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", self._lsn)
+        now = await self._backend_cpu()
+        cpu = sum(value - self._cpu.get(pid, 0.0) for pid, value in now.items())
+        return {"server_cpu_s": cpu, "wal_bytes": float(wal), "backends": float(len(now))}
+
+    async def _backend_cpu(self) -> dict[int, float]:
+        pids = [r["pid"] for r in await self._admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1", self.database)]
+        found = {}
+        for pid in pids:
+            ticks = _cpu_ticks(pid)
+            if ticks is not None:
+                found[pid] = ticks * self.TICK_S
+        return found
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # gone, or the server is not on this host
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
 
 
 # -- processes: moto server, round-trip proxy ---------------------------------------------------

@@ -85,18 +85,31 @@ class Floor:
         self.finished = 0
         self.done = asyncio.Event()
         self.first_commit = asyncio.Event()
+        self._connections: list[asyncpg.Connection] = []
+
+    async def open(self) -> None:
+        """Connect before the timed window, so the server's backends (and their CPU) exist
+        from its start to its end, as phasegate's pool does."""
+        self._connections = [await asyncpg.connect(self.dsn) for _ in range(self.concurrency)]
+
+    async def close(self) -> None:
+        for connection in self._connections:
+            await connection.close()
+        self._connections = []
 
     async def run(self) -> None:
-        connections = [await asyncpg.connect(self.dsn) for _ in range(self.concurrency)]
-        tasks = [asyncio.create_task(self._loop(c)) for c in connections]
+        opened_here = not self._connections
+        if opened_here:
+            await self.open()
+        tasks = [asyncio.create_task(self._loop(c)) for c in self._connections]
         try:
             await self.done.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for connection in connections:
-                await connection.close()
+            if opened_here:
+                await self.close()
 
     async def _loop(self, connection: asyncpg.Connection) -> None:
         while True:

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aioboto3
 import asyncpg
@@ -39,6 +40,7 @@ from bench.common import (
     VENV_BIN,
     Databases,
     RoundTripProxy,
+    ServerMeter,
     commit_figures,
     machine,
     median,
@@ -152,7 +154,7 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
 
         on_last_phase(workflow, last_phase_ran)
         calls_before = queue.calls + dlq.calls
-        figures = await _timed(worker.run, workload, env)
+        figures = await _timed(worker.run, workload, env, dsn)
         figures["sqs_calls"] = queue.calls + dlq.calls - calls_before
         figures.update(await _commits(pool, "SELECT workflow_id, seq, "
                                       "extract(epoch FROM created_at)::float8 FROM checkpoints "
@@ -173,7 +175,10 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
 # -- one floor run ------------------------------------------------------------------------------
 
 
-async def run_floor(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
+async def run_floor(dsn: str, workload: Workload, env: Env, *,
+                    pollers: int | None = None) -> dict[str, Any]:
+    """The floor with one poller per group (``pollers``: the old floor's 16 for any number of
+    groups, whose idle pollers inflated its CPU at one group)."""
     manager = None
     queue: Any
     if workload.backend == "memory":
@@ -187,12 +192,17 @@ async def run_floor(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
         for index in range(workload.groups):
             await queue.send([floor_message(f"w{index}-{uuid.uuid4().hex[:8]}", 0,
                                             workload.phases)])
-        floor = Floor(dsn=dsn, queue=queue, concurrency=CONCURRENCY,
+        floor = Floor(dsn=dsn, queue=queue,
+                      concurrency=pollers or min(workload.groups, CONCURRENCY),
                       wait_time_s=wait_time_for(workload.backend),
                       expected_runs=workload.groups)
-        calls_before = queue.calls
-        figures = await _timed(floor.run, workload, env)
-        figures["sqs_calls"] = queue.calls - calls_before
+        await floor.open()
+        try:
+            calls_before = queue.calls
+            figures = await _timed(floor.run, workload, env, dsn)
+            figures["sqs_calls"] = queue.calls - calls_before
+        finally:
+            await floor.close()
         connection = await asyncpg.connect(dsn)
         try:
             figures.update(await _commits(connection, "SELECT workflow_id, seq, extract(epoch "
@@ -209,18 +219,23 @@ async def run_floor(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
 # -- shared measuring ---------------------------------------------------------------------------
 
 
-async def _timed(run: Callable[[], Awaitable[None]], workload: Workload,
-                 env: Env) -> dict[str, Any]:
-    """Process CPU and wall time of the run alone (seeding and read-back excluded); in the
-    counting pass, the round trips of the same window."""
+async def _timed(run: Callable[[], Awaitable[None]], workload: Workload, env: Env,
+                 dsn: str) -> dict[str, Any]:
+    """Process CPU and wall time of the run alone (seeding and read-back excluded), the
+    server's CPU and WAL over the same window; in the counting pass, its round trips."""
     gc.collect()
-    before = await env.proxy.counts() if env.proxy else {}
-    cpu, wall = time.process_time(), time.perf_counter()
-    await asyncio.wait_for(run(), timeout=600)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    after = await env.proxy.counts() if env.proxy else {}
+    database = urlsplit(dsn).path.lstrip("/")
+    async with ServerMeter(env.databases.server_dsn, database) as meter:
+        before = await env.proxy.counts() if env.proxy else {}
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.wait_for(run(), timeout=900)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        after = await env.proxy.counts() if env.proxy else {}
+        server = await meter.read()
     return {"cpu_s": cpu, "wall_s": wall,
             "cpu_per_transition_us": cpu / workload.transitions * 1e6,
+            "server_cpu_per_transition_us": server["server_cpu_s"] / workload.transitions * 1e6,
+            "wal_bytes_per_transition": server["wal_bytes"] / workload.transitions,
             "round_trips": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
 
 
@@ -231,14 +246,21 @@ async def _commits(db: Any, sql: str, workload: Workload) -> dict[str, Any]:
     return commit_figures(rows)
 
 
+async def run_old_floor(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
+    return await run_floor(dsn, workload, env, pollers=CONCURRENCY)
+
+
 SYSTEMS: dict[str, Callable[[str, Workload, Env], Awaitable[dict[str, Any]]]] = {
-    "floor": run_floor, "phasegate": run_phasegate}
+    "floor": run_floor, "phasegate": run_phasegate, "floor16": run_old_floor}
 
 
-async def timed_runs(env: Env, workload: Workload, repeats: int) -> None:
-    """Alternate floor and phasegate (the order flips each round) so load hits both."""
+async def timed_runs(env: Env, workload: Workload, repeats: int, old_floor: bool = False) -> None:
+    """Alternate floor and phasegate (the order flips each round) so load hits both; with
+    ``old_floor``, the old 16-poller floor runs beside them in the same rounds."""
     for round_ in range(repeats):
         order = ["floor", "phasegate"] if round_ % 2 == 0 else ["phasegate", "floor"]
+        if old_floor and workload.backend == "memory":
+            order.insert(1, "floor16")
         for system in order:
             dsn = await env.databases.fresh()
             try:
@@ -251,7 +273,9 @@ async def timed_runs(env: Env, workload: Workload, repeats: int) -> None:
                   f"{figures['transitions_per_s']:7.0f}/s  cpu "
                   f"{figures['cpu_per_transition_us']:6.0f} us  p50 "
                   f"{figures['latency_p50_ms']:6.2f} ms  p99 {figures['latency_p99_ms']:6.2f} ms"
-                  f"  sqs {figures['sqs_calls_per_transition']:.2f}/t", flush=True)
+                  f"  sqs {figures['sqs_calls_per_transition']:.2f}/t  pg cpu "
+                  f"{figures['server_cpu_per_transition_us']:5.0f} us  wal "
+                  f"{figures['wal_bytes_per_transition']:5.0f} B", flush=True)
 
 
 # -- round trips (a separate pass through the counting proxy) -----------------------------------
@@ -453,6 +477,9 @@ async def failover(env: Env, endpoint: str, repeats: int, seed: int = 7) -> dict
 
 PER_RUN = ("cpu_per_transition_us", "transitions_per_s", "latency_p50_ms", "latency_p99_ms",
            "sqs_calls_per_transition")
+# Postgres' side: exact on the private cluster (the default); on a shared server the WAL
+# position also moves with other clients' writes.
+SERVER = ("server_cpu_per_transition_us", "wal_bytes_per_transition")
 
 
 def ratio(ours: float, floor: float) -> float:
@@ -465,10 +492,13 @@ def summarise(env: Env, workloads: list[Workload], round_trips: dict[str, Any],
     for workload in workloads:
         row: dict[str, Any] = {"transitions": workload.transitions, "phases": workload.phases,
                                "groups": workload.groups}
-        for figure in PER_RUN:
+        old = env.runs.get(f"{workload.key}/floor16")
+        for figure in (*PER_RUN, *SERVER):
             floor = median([r[figure] for r in env.runs[f"{workload.key}/floor"]])
             ours = median([r[figure] for r in env.runs[f"{workload.key}/phasegate"]])
             row[figure] = {"floor": floor, "phasegate": ours, "ratio": ratio(ours, floor)}
+            if old:
+                row[figure]["floor16"] = median([r[figure] for r in old])
         counted = round_trips.get(workload.key)
         if counted:
             floor = counted["floor"]["round_trips_per_transition"]
@@ -496,18 +526,21 @@ def summarise(env: Env, workloads: list[Workload], round_trips: dict[str, Any],
 
 
 def workloads_for(quick: bool, backends: list[str]) -> list[Workload]:
-    sizes = {("memory", 1): (120, 400), ("memory", 16): (10, 40),
+    # Full sizes give the floor seconds of work per figure in-process (1 group: ~2,000
+    # transitions at ~2-3k/s; 16 groups: 6,400 at ~5-8k/s); moto is ~5 ms per call, so less.
+    sizes = {("memory", 1): (150, 2000), ("memory", 16): (15, 400),
              ("moto", 1): (30, 100), ("moto", 16): (4, 12)}
     return [Workload(b, g, sizes[(b, g)][0 if quick else 1]) for b in backends for g in (1, 16)]
 
 
 async def bench(*, quick: bool, backends: list[str], repeats: int, process_repeats: int,
                 skip_processes: bool = False, server_dsn: str | None = None,
-                workloads: list[Workload] | None = None) -> dict[str, Any]:
+                workloads: list[Workload] | None = None, private_server: bool = False,
+                old_floor: bool = False) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
-    databases = await Databases(server_dsn).start()
+    databases = await Databases(server_dsn, private=private_server).start()
     env = Env(databases)
     try:
         with moto_server() as endpoint:
@@ -517,7 +550,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 print(f"{workload.key}: {workload.transitions} transitions "
                       f"({workload.groups} x {workload.phases} phases), {repeats} rounds",
                       flush=True)
-                await timed_runs(env, workload, repeats)
+                await timed_runs(env, workload, repeats, old_floor)
             round_trips = {}
             for workload in workloads:
                 if workload.backend == "memory":
@@ -531,6 +564,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 fail = await failover(env, endpoint, process_repeats)
         summary = summarise(env, workloads, round_trips, processes, fail)
         return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick,
+                "private_server": databases.private, "load": os.getloadavg(),
                 "repeats": repeats, "process_repeats": process_repeats,
                 "concurrency": CONCURRENCY, "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
@@ -547,13 +581,20 @@ def main() -> None:
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--label", default="", help="suffix for the results file")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
+    parser.add_argument("--shared-server", action="store_true",
+                        help="use $PHASEGATE_BENCH_DATABASE_URL or 127.0.0.1:5432 instead of a "
+                        "private cluster (WAL figures then include other clients' writes)")
+    parser.add_argument("--old-floor", action="store_true",
+                        help="also run the old floor (16 pollers whatever the groups)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
     _quiet_logs()
     result = asyncio.run(bench(quick=args.quick, backends=args.backends.split(","),
                                repeats=repeats, process_repeats=process_repeats,
-                               skip_processes=args.skip_processes))
+                               skip_processes=args.skip_processes,
+                               private_server=not args.shared_server,
+                               old_floor=args.old_floor))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
@@ -582,7 +623,7 @@ def _quiet_logs() -> None:
 def render_table(result: dict[str, Any]) -> str:
     lines = ["| workload | figure | floor | phasegate | ratio |", "|---|---|---:|---:|---:|"]
     for key, row in result["summary"]["per_workload"].items():
-        for figure in (*PER_RUN, "pg_round_trips_per_transition"):
+        for figure in (*PER_RUN, *SERVER, "pg_round_trips_per_transition"):
             if figure in row:
                 cell = row[figure]
                 lines.append(f"| {key} | {figure} | {cell['floor']:.3g} | "

@@ -186,9 +186,10 @@ class RegionalStore(Store):
             self._remember(workflow_id, Residency(position.classification, position.region))
         return position
 
-    async def commit_phase(self, commit: PhaseCommit) -> tuple[datetime, int | None] | None:
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+                           ) -> tuple[datetime, int | None] | None:
         found = await self.guard(commit.workflow_id)
-        result = await super().commit_phase(commit)
+        result = await super().commit_phase(commit, successor_body)
         if result is not None:
             audit.checkpoint_written(
                 workflow_id=commit.workflow_id, seq=commit.seq, branch=commit.branch,
@@ -300,8 +301,9 @@ class StoreRouter(Store):
                              ) -> RunPosition | None:
         return await self.for_run(workflow_id).load_for_phase(workflow_id, branch)
 
-    async def commit_phase(self, commit: PhaseCommit) -> tuple[datetime, int | None] | None:
-        return await self.for_run(commit.workflow_id).commit_phase(commit)
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+                           ) -> tuple[datetime, int | None] | None:
+        return await self.for_run(commit.workflow_id).commit_phase(commit, successor_body)
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
                              max_attempts: int) -> tuple[int, str] | None:

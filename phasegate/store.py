@@ -128,17 +128,22 @@ class Store:
             state_version=row["state_version"], progress_json=row["progress"],
             classification=row["classification"], region=row["region"])
 
-    async def commit_phase(self, commit: PhaseCommit) -> tuple[datetime, int | None] | None:
-        """Run the one commit statement. None when the run was no longer at this seq."""
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+                           ) -> tuple[datetime, int | None] | None:
+        """Run the one commit statement. None when the run was no longer at this seq.
+
+        ``successor_body``: the successor's JSON when the caller already encoded it (the
+        worker sends the same string after the commit: one encoding per transition)."""
         successor = commit.successor
+        if successor is not None and successor_body is None:
+            successor_body = successor.to_json()
         row = await self.pool.fetchrow(
             self._q["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
             commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
             commit.next_phase, commit.status, commit.tier, commit.tier_label,
             commit.resource_versions_json, commit.worker_id, commit.trace_id,
             successor.dedup_id if successor else None,
-            successor.group_id if successor else None,
-            successor.to_json() if successor else None,
+            successor.group_id if successor else None, successor_body,
             commit.outcome, commit.rerun_of, commit.error, commit.review_json)
         if row is None or row["committed_at"] is None:
             return None

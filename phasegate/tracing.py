@@ -3,15 +3,17 @@ send, and the envelope's ``traceparent`` carrying a run's trace from phase to ph
 
 Optional: ``pip install phasegate[otel]`` brings the OpenTelemetry API; without it, or without
 an SDK configured by the application (``TracerProvider`` + exporter), every call here is a
-no-op. Span attributes are ids, numbers and names from code -- never workflow state, input,
-outputs or exception messages (``record_exception`` is off; a failed span carries the
+no-op that allocates nothing. Whether an SDK is configured is decided once, at the first span
+after ``reset()``; every worker calls ``reset()`` as it starts, so configure the SDK before
+starting the worker. Span attributes are ids, numbers and names from code -- never workflow
+state, input, outputs or exception messages (``record_exception`` is off; a failed span carries the
 exception's type only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from phasegate.envelope import Envelope
@@ -41,16 +43,54 @@ class SpanHandle:
             self.span.set_status(Status(StatusCode.ERROR, error_type))
 
 
+class _Undecided:
+    pass
+
+
+_UNDECIDED = _Undecided()
+_decided: Any = _UNDECIDED
+
+
+def reset() -> None:
+    """Decide again at the next span whether an SDK is configured (the worker's start)."""
+    global _decided
+    _decided = _UNDECIDED
+
+
 def _tracer() -> Any:
+    """phasegate's tracer, or None without an SDK. Decided once: the lookup reads
+    ``os.environ`` and was 3 lookups per transition, ~5 % of the worker's CPU (issue 18)."""
+    global _decided
+    if _decided is _UNDECIDED:
+        _decided = _lookup()
+    return _decided
+
+
+def _lookup() -> Any:
     if trace is None:
         return None
     provider = trace.get_tracer_provider()
     # No SDK configured (the default proxy, or an explicit no-op): no span machinery at all.
-    # Checked per call, so a provider the application sets later is picked up. Going through
-    # the proxy's no-op spans cost ~13 % of the worker's CPU per transition (bench/).
+    # Going through the proxy's no-op spans cost ~13 % of the worker's CPU per transition.
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
     return provider.get_tracer(TRACER_NAME)
+
+
+class _NoSpan:
+    """The context manager every span helper returns without a tracer: one shared object,
+    no generator, no attribute dict."""
+
+    handle = SpanHandle()
+
+    def __enter__(self) -> SpanHandle:
+        return self.handle
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
 
 
 def _parent(traceparent: str | None) -> Any:
@@ -89,9 +129,13 @@ def _run_attributes(envelope: Envelope) -> dict[str, Any]:
     return attributes
 
 
-@contextmanager
-def phase_span(envelope: Envelope) -> Iterator[SpanHandle]:
+def phase_span(envelope: Envelope) -> AbstractContextManager[SpanHandle]:
     """The span of one message's phase, a child of the trace its envelope carries."""
+    return _NO_SPAN if _tracer() is None else _phase_span(envelope)
+
+
+@contextmanager
+def _phase_span(envelope: Envelope) -> Iterator[SpanHandle]:
     name = f"phasegate.phase {envelope.workflow}.{envelope.phase or 'start'}"
     with _span(name, kind=SpanKind.CONSUMER if trace is not None else None,
                context=_parent(envelope.traceparent),
@@ -99,18 +143,26 @@ def phase_span(envelope: Envelope) -> Iterator[SpanHandle]:
         yield handle
 
 
-@contextmanager
-def commit_span(envelope: Envelope) -> Iterator[SpanHandle]:
+def commit_span(envelope: Envelope) -> AbstractContextManager[SpanHandle]:
     """The checkpoint commit; ``handle.set("checkpoint.success", ...)`` after it."""
+    return _NO_SPAN if _tracer() is None else _commit_span(envelope)
+
+
+@contextmanager
+def _commit_span(envelope: Envelope) -> Iterator[SpanHandle]:
     with _span("phasegate.checkpoint.commit", attributes={
             "workflow.id": envelope.workflow_id, "step.seq": envelope.seq,
             "workflow.branch": envelope.branch, "db.system": "postgresql"}) as handle:
         yield handle
 
 
-@contextmanager
-def send_span(destination: str, messages: int = 1) -> Iterator[SpanHandle]:
+def send_span(destination: str, messages: int = 1) -> AbstractContextManager[SpanHandle]:
     """An SQS send: ``destination`` is ``queue``, ``dlq`` or ``relay``, never a URL."""
+    return _NO_SPAN if _tracer() is None else _send_span(destination, messages)
+
+
+@contextmanager
+def _send_span(destination: str, messages: int) -> Iterator[SpanHandle]:
     with _span(f"phasegate.sqs.send {destination}",
                kind=SpanKind.PRODUCER if trace is not None else None,
                attributes={"messaging.system": "aws_sqs", "messaging.operation": "publish",
@@ -133,7 +185,9 @@ def propagate(envelope: Envelope, successor: Envelope | None) -> Envelope | None
     on any worker, joins the same trace); without a span, whatever the envelope carried."""
     if successor is None:
         return None
-    traceparent = current_traceparent() or envelope.traceparent
+    # Without a tracer there is no current span: skip the propagator's inject.
+    current = current_traceparent() if _tracer() is not None else None
+    traceparent = current or envelope.traceparent
     if traceparent == successor.traceparent:
         return successor
     return successor.model_copy(update={"traceparent": traceparent})

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from phasegate import metrics, redact
+from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
 from phasegate.db import pool_from_settings
 from phasegate.faults import Faults
@@ -184,6 +184,7 @@ class Worker:
                                           linger_s=MARK_SENT_LINGER_S)
             sender = MicroBatcher[Outgoing](self.queue.send)
             self._delete, self._release = deleter.submit, releaser.submit
+            tracing.reset()  # decide once, now, whether the application configured an SDK
             self.transition = PhaseTransition(
                 store=self.store, queue=self.queue, dlq=self.dlq, registry=self.registry,
                 config=TransitionConfig(

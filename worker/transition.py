@@ -134,6 +134,10 @@ class PhaseTransition:
         self._mark_sent = mark_sent
         self._sender = sender
         self.running: dict[str, RunningPhase] = {}
+        # The per-phase line's logger, built once from the logging configuration in force
+        # when the worker is made: structlog's module-level proxy rebuilds its bound logger
+        # on every call, half the cost of the line (~35 -> ~18 us, measured in bench/).
+        self._phase_log = log.bind()
         # Commits in progress: shielded from shutdown's cancel, awaited before the pool closes.
         self.durable: set[asyncio.Future[Settlement]] = set()
 
@@ -379,8 +383,9 @@ class PhaseTransition:
         if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
             return await self.commit_branching(envelope, workflow, commit, position, fork,
                                                started, commit_started)
+        body = successor.to_json() if successor is not None else None  # once: commit and send
         with tracing.commit_span(envelope) as span:
-            result = await self.store.commit_phase(commit)
+            result = await self.store.commit_phase(commit, body)
             span.set("checkpoint.success", result is not None)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
@@ -390,9 +395,9 @@ class PhaseTransition:
             return Settlement(Action.DELETE, "superseded")
         _, outbox_id = result
         self.faults.hit("after_commit")
-        if successor is not None and outbox_id is not None:
-            await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id,
-                                      successor.to_json()), commit_started)
+        if successor is not None and body is not None and outbox_id is not None:
+            await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
+                            commit_started)
         self.faults.hit("after_send")
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
@@ -505,5 +510,5 @@ class PhaseTransition:
                    **extra: Any) -> None:
         duration = time.monotonic() - started
         metrics.PHASE_DURATION.labels(envelope.workflow, phase_name, outcome).observe(duration)
-        log.info("phase", phase=phase_name, outcome=outcome, duration_s=round(duration, 6),
-                 **extra)
+        self._phase_log.info("phase", phase=phase_name, outcome=outcome,
+                             duration_s=round(duration, 6), **extra)

@@ -1,0 +1,65 @@
+"""Per-transition cost of the worker's cross-cutting hooks, each timed alone in a loop.
+
+    python -m bench.hops [--n 20000]
+
+Times, in µs per transition, what the worker does around every phase besides the queries:
+the three span hooks plus trace propagation with no OpenTelemetry SDK configured, the
+per-phase log line (production JSON pipeline, run ids bound as context variables, output to
+/dev/null) and one JSON encoding of the successor envelope. Run it in two checkouts to compare
+them; the machine's load shows as noise, so run each a few times, alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import timeit
+from typing import Any
+
+import structlog
+
+from phasegate import tracing
+from phasegate.envelope import phase_message
+from phasegate.logs import configure_logging
+
+
+def per_call_us(fn: Any, n: int) -> float:
+    return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=20000)
+    n = parser.parse_args().n
+    real = sys.stderr
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    try:
+        configure_logging("info", "json")
+    finally:
+        sys.stderr = real
+    envelope = phase_message("w-0123456789", "bench-noop-400", 7, "p7")
+    successor = phase_message("w-0123456789", "bench-noop-400", 8, "p8")
+
+    def spans() -> None:
+        with tracing.phase_span(envelope), tracing.commit_span(envelope):
+            tracing.propagate(envelope, successor)
+        with tracing.send_span("queue"):
+            pass
+
+    module_log = structlog.get_logger("phasegate.transition")
+    bound = module_log.bind()
+    figures = {"spans + propagation, no SDK": per_call_us(spans, n)}
+    with structlog.contextvars.bound_contextvars(workflow_id="w-0123456789", seq=7,
+                                                 branch="main", workflow="bench-noop-400"):
+        for name, logger in (("phase log line, module proxy", module_log),
+                             ("phase log line, pre-bound logger", bound)):
+            figures[name] = per_call_us(lambda lg=logger: lg.info(
+                "phase", phase="p7", outcome="advanced", duration_s=0.000123), n)
+    figures["successor to_json, once"] = per_call_us(successor.to_json, n)
+    for name, value in figures.items():
+        print(f"{name}: {value:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
