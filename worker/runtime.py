@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
+import asyncpg
 import structlog
 
 from phasegate import metrics, redact, tracing
@@ -53,11 +54,16 @@ log = structlog.get_logger("phasegate.worker")
 
 # After the drain grace, a stopping worker spends at most DURABLE_DRAIN_S on commits/sends
 # already past the phase, HAND_BACK_S on handing messages back and STOP_FLUSH_S on flushing
-# its batchers: 8 s, inside the chart's shutdownMarginSeconds (10 s), so the pod exits before
-# its SIGKILL even when SQS or Postgres hangs (found by bench/chaos).
+# its batchers and POOL_CLOSE_S on closing its connections: 9.5 s, inside the chart's
+# shutdownMarginSeconds (10 s), so the pod exits before its SIGKILL even when SQS or Postgres
+# hangs (found by bench/chaos).
 DURABLE_DRAIN_S = 4.0
 HAND_BACK_S = 2.0
 STOP_FLUSH_S = 2.0
+# A graceful close resets each released connection with a query; behind a pooler whose server
+# is restarting that query waits for a server connection, so the close is bounded and then
+# the connections are dropped (the server rolls back whatever they held).
+POOL_CLOSE_S = 1.5
 
 
 # Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
@@ -288,7 +294,7 @@ class Worker:
             if self.store is None:
                 try:
                     pool = await pool_from_settings(self.settings)
-                    stack.push_async_callback(pool.close)
+                    stack.push_async_callback(close_pool, pool)
                     # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
                     self.store = await stores_from_settings(self.settings, pool, stack)
                 except PERMANENT_DB_ERRORS as exc:  # retrying cannot fix a password
@@ -566,3 +572,12 @@ class Worker:
             except Exception as exc:
                 metrics.SQS_ERRORS.labels("heartbeat").inc()
                 log.warning("heartbeat_failed", error=type(exc).__name__)
+
+
+async def close_pool(pool: asyncpg.Pool) -> None:
+    """Close gracefully within POOL_CLOSE_S, else drop the connections."""
+    try:
+        await asyncio.wait_for(pool.close(), POOL_CLOSE_S)
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        log.warning("pool_close_forced", error=type(exc).__name__)
+        pool.terminate()
