@@ -13,30 +13,43 @@ fi
 have_pg_binaries() {
   command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 }
+# What a stock Debian/Ubuntu machine lacks, installed in one apt-get run when we are root:
+# the PostgreSQL server binaries for the throwaway clusters, and python3-venv (Debian's
+# python3 ships without venv's ensurepip until it is installed).
+os_packages=()
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
+  os_packages+=(postgresql)
+fi
+if [ ! -x .venv/bin/python ] && ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  os_packages+=(python3-venv)
+fi
+if [ ${#os_packages[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing PostgreSQL server binaries (apt-get install postgresql) ..." >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    echo "installing ${os_packages[*]} (apt-get install) ..." >&2
+    apt_log=$(mktemp)
+    if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+             --no-install-recommends "${os_packages[@]}"; } >"$apt_log" 2>&1; then
+      tail -30 "$apt_log" >&2
+      echo "apt-get install ${os_packages[*]} failed" >&2
+      exit 1
+    fi
+    rm -f "$apt_log"
   else
-    echo "no PostgreSQL server binaries (initdb) found: install the postgresql package" \
-         "or set PHASEGATE_TEST_DATABASE_URL / PHASEGATE_DATABASE_URL" >&2
+    for package in "${os_packages[@]}"; do
+      case $package in
+        postgresql)
+          echo "no PostgreSQL server binaries (initdb) found: install the postgresql package" \
+               "or set PHASEGATE_TEST_DATABASE_URL / PHASEGATE_DATABASE_URL" >&2 ;;
+        python3-venv)
+          echo "$python has no venv module: install the python3-venv package" \
+               "(sudo apt-get install python3-venv) and run this again" >&2
+          exit 2 ;;
+      esac
+    done
   fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
-  # Debian's python3 ships without venv's ensurepip until python3-venv is installed.
-  if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "installing python3-venv (apt-get install python3-venv) ..." >&2
-      apt-get update -qq >/dev/null
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    else
-      echo "$python has no venv module: install the python3-venv package" \
-           "(sudo apt-get install python3-venv) and run this again" >&2
-      exit 2
-    fi
-  fi
   "$python" -m venv .venv
 fi
 stamp=.venv/.phasegate-installed
