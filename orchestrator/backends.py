@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import asyncpg
 import httpx
 
 from phasegate.access import policy_from
@@ -130,6 +131,12 @@ class DatabaseBackend:
                 return result
             except ControlError as exc:
                 raise BackendError(exc.reason, exc.status_code) from None
+            except asyncpg.UndefinedTableError:
+                raise BackendError("the database has no phasegate schema: run "
+                                   "`phasegate migrate` against it first") from None
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise BackendError(f"PostgreSQL failed the request: {type(exc).__name__}"
+                                   ) from None
 
         return self._runner.run(call())
 

@@ -94,3 +94,14 @@ async def test_start_prints_the_id_and_is_idempotent(database_url, queue_pair, s
     assert await fetchval(database_url, "SELECT input->>'n' FROM workflow_runs") == "1"
     bad = phasegate("start", "chain", "--input", "{nope", env=env)
     assert bad.returncode == 2 and "--input is not valid JSON" in bad.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["inspect", "wf-never-started"]])
+async def test_a_database_never_migrated_is_named_not_a_traceback(empty_database_url, command):
+    done = phasegate(*command, env={"PHASEGATE_DATABASE_URL": empty_database_url,
+                                    "PHASEGATE_WORKFLOW_MODULES": "tests.workflows"})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == ["phasegate: the database has no phasegate schema: run `phasegate migrate` "
+                     "against it first"], done.stderr
