@@ -21,26 +21,9 @@ OFFICIAL_BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
 STANDIN_BASE=phasegate-standin-python:3.11-bookworm
 mkdir -p "$CACHE"
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-need_packages=()
-command -v dockerd >/dev/null || need_packages+=(docker.io)
-command -v debootstrap >/dev/null || need_packages+=(debootstrap)
-if [ ${#need_packages[@]} -gt 0 ]; then
-  echo "== installing ${need_packages[*]}"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_packages[@]}" >/dev/null
-fi
-
-if ! docker info >/dev/null 2>&1; then
-  echo "== starting dockerd (log: $CACHE/dockerd.log)"
-  as_root sh -c "nohup dockerd >'$CACHE/dockerd.log' 2>&1 &"
-  for _ in $(seq 1 120); do
-    docker info >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  docker info >/dev/null 2>&1 || { echo "dockerd did not come up; see $CACHE/dockerd.log" >&2; exit 1; }
-fi
+# shellcheck source=scripts/docker-daemon.sh
+. scripts/docker-daemon.sh  # from the checkout root (cd above)
+docker_up "$CACHE/dockerd.log"
 
 build_standin() {
   local root="$CACHE/rootfs"

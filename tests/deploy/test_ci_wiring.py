@@ -22,6 +22,8 @@ def test_ci_runs_the_image_step_and_cannot_skip_it():
     assert "bash scripts/image-test.sh" in test_sh
     assert "scripts/chart_readme.py --check" in test_sh
     image_sh = (ROOT / "scripts" / "image-test.sh").read_text()
+    assert ". scripts/docker-daemon.sh" in image_sh and "docker_up " in image_sh
+    image_sh += (ROOT / "scripts" / "docker-daemon.sh").read_text()
     # It installs what it needs and builds from nothing when no cached base exists.
     for needed in ("docker.io", "debootstrap", "docker build", "--build-arg",
                    "PYTHON_IMAGE=", "pytest", "tests/image"):
