@@ -17,30 +17,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
-import asyncpg
 import structlog
 
 from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
-from phasegate.db import pool_from_settings
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
-from phasegate.queue import Outgoing, Queue, QueueError, Received, SqsQueue
-from phasegate.residency import StoreRouter, stores_from_settings
+from phasegate.queue import Outgoing, Queue, QueueError, Received
+from phasegate.residency import StoreRouter
 from phasegate.settings import Settings
 from phasegate.store import Store
 from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
 from phasegate.worker.probes import ProbeServer
-from phasegate.worker.startup import (
-    PERMANENT_DB_ERRORS,
-    PermanentStartupError,
-    StartupError,
-    check_schema,
-    log_fifo_quota,
-    one_line,
-)
+from phasegate.worker.startup import connect_dependencies
 from phasegate.worker.transition import (
     Action,
     PhaseTransition,
@@ -54,16 +45,12 @@ log = structlog.get_logger("phasegate.worker")
 
 # After the drain grace, a stopping worker spends at most DURABLE_DRAIN_S on commits/sends
 # already past the phase, HAND_BACK_S on handing messages back and STOP_FLUSH_S on flushing
-# its batchers and POOL_CLOSE_S on closing its connections: 9.5 s, inside the chart's
-# shutdownMarginSeconds (10 s), so the pod exits before its SIGKILL even when SQS or Postgres
-# hangs (found by bench/chaos).
+# its batchers and POOL_CLOSE_S (worker/startup.py) on closing its connections: 9.5 s, inside
+# the chart's shutdownMarginSeconds (10 s), so the pod exits before its SIGKILL even when SQS or
+# Postgres hangs (found by bench/chaos).
 DURABLE_DRAIN_S = 4.0
 HAND_BACK_S = 2.0
 STOP_FLUSH_S = 2.0
-# A graceful close resets each released connection with a query; behind a pooler whose server
-# is restarting that query waits for a server connection, so the close is bounded and then
-# the connections are dropped (the server rolls back whatever they held).
-POOL_CLOSE_S = 1.5
 
 
 # Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
@@ -71,11 +58,8 @@ POOL_CLOSE_S = 1.5
 # the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
 MARK_SENT_LINGER_S = 0.05
 
-# Retry windows (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
-# base * 2**n)) seconds. Startup's cap stays small so a pod notices a recovered dependency
-# within seconds of its readiness probe; a failing receive backs off further.
-STARTUP_RETRY_BASE_S = 0.25
-STARTUP_RETRY_CAP_S = 5.0
+# Retry window (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
+# base * 2**n)) seconds; a failing receive backs off further than startup does.
 RECEIVE_RETRY_BASE_S = 0.5
 RECEIVE_RETRY_CAP_S = 10.0
 
@@ -270,101 +254,21 @@ class Worker:
         seconds in an outage (botocore's retries, a connect timeout), and a SIGTERM must not
         wait for it (found by bench/chaos: a worker still starting during an SQS outage
         outlived the grace and was SIGKILLed)."""
-        connect = asyncio.ensure_future(self._connect(stack))
+        connect = asyncio.ensure_future(connect_dependencies(
+            self.settings, stack, self._stop, (self.store, self.queue, self.dlq)))
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({connect, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
         if connect.done():
-            connect.result()
+            found = connect.result()
+            if found is not None:
+                self.store, self.queue, self.dlq = found.store, found.queue, found.dlq
             return
         connect.cancel()
         with suppress(asyncio.CancelledError, Exception):
             await connect
-
-    async def _connect(self, stack: AsyncExitStack) -> None:
-        """Prove Postgres and SQS are reachable before the first receive, with backoff."""
-        deadline = time.monotonic() + self.settings.startup_timeout_s
-        # Full jitter (phasegate/backoff.py): pods started together by a scale-out do not probe
-        # a recovering database in lockstep.
-        backoff = Backoff(base=STARTUP_RETRY_BASE_S, cap=STARTUP_RETRY_CAP_S)
-        while not self._stop.is_set():
-            waiting_for = []
-            if self.store is None:
-                try:
-                    pool = await pool_from_settings(self.settings)
-                    stack.push_async_callback(close_pool, pool)
-                    # One RegionalStore, or a router over PHASEGATE_STORES (governance docs).
-                    self.store = await stores_from_settings(self.settings, pool, stack)
-                except PERMANENT_DB_ERRORS as exc:  # retrying cannot fix a password
-                    raise PermanentStartupError(
-                        f"PostgreSQL refused PHASEGATE_DATABASE_URL: {one_line(exc)}") from None
-                except Exception as exc:
-                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
-            if self.queue is None:
-                sqs = SqsQueue(self.settings.queue_url or "",
-                               endpoint_url=self.settings.sqs_endpoint_url,
-                               region=self.settings.aws_region)
-                await sqs.open()
-                stack.push_async_callback(sqs.close)
-                self.queue, self.dlq = sqs, sqs.sibling(self.settings.dlq_url or "")
-            if not waiting_for:
-                # The DLQ is not probed: the worker only sends to it, and the documented IAM
-                # policy grants exactly sqs:SendMessage there (README, "IAM roles").
-                try:
-                    assert self.queue is not None
-                    attributes = await self.queue.fifo_attributes()
-                except Exception as exc:
-                    waiting_for.append(f"sqs ({type(exc).__name__}: {exc})"[:200])
-                else:
-                    if attributes.get("FifoQueue") != "true":
-                        raise PermanentStartupError(
-                            "PHASEGATE_QUEUE_URL is not a FIFO queue (FifoQueue is not true): "
-                            "phasegate needs per-workflow ordering; create a .fifo queue")
-                    await self._check_encryption()
-                    log_fifo_quota(attributes)
-            if not waiting_for:
-                assert self.store is not None
-                try:
-                    await check_schema(self.store)
-                    return
-                except StartupError:
-                    raise
-                except Exception as exc:
-                    # Behind a pooler the pool opens without any server connection, so the
-                    # first query is where a restarting database shows (found by the chaos
-                    # run through PgBouncer: a worker exited 1 here).
-                    waiting_for.append(f"postgres ({type(exc).__name__}: {exc})"[:200])
-            if time.monotonic() > deadline:
-                raise StartupError(f"gave up after {self.settings.startup_timeout_s:g}s "
-                                   f"waiting for {', '.join(waiting_for)}")
-            delay = backoff.next()
-            log.warning("waiting_for_dependencies", waiting_for=waiting_for,
-                        retry_in_s=round(delay, 3))
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
-
-    async def _check_encryption(self) -> None:
-        """Phase messages carry workflow state: a queue without SSE is refused when
-        PHASEGATE_REQUIRE_QUEUE_ENCRYPTION is set, and reported otherwise."""
-        assert self.queue is not None
-        try:
-            encryption = await self.queue.encryption()
-        except Exception as exc:  # the FIFO check just answered: not worth waiting for
-            if self.settings.require_queue_encryption:
-                raise StartupError(f"cannot read the queue's encryption: {one_line(exc)}") \
-                    from None
-            log.warning("queue_encryption_unknown", error=type(exc).__name__)
-            return
-        if encryption is not None:
-            return
-        if self.settings.require_queue_encryption:
-            raise PermanentStartupError(
-                "PHASEGATE_QUEUE_URL is not encrypted at rest (neither SqsManagedSseEnabled nor "
-                "a KmsMasterKeyId): create it with SSE, or unset "
-                "PHASEGATE_REQUIRE_QUEUE_ENCRYPTION")
-        log.warning("queue_not_encrypted", queue=self.settings.queue_url)
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -572,12 +476,3 @@ class Worker:
             except Exception as exc:
                 metrics.SQS_ERRORS.labels("heartbeat").inc()
                 log.warning("heartbeat_failed", error=type(exc).__name__)
-
-
-async def close_pool(pool: asyncpg.Pool) -> None:
-    """Close gracefully within POOL_CLOSE_S, else drop the connections."""
-    try:
-        await asyncio.wait_for(pool.close(), POOL_CLOSE_S)
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        log.warning("pool_close_forced", error=type(exc).__name__)
-        pool.terminate()
