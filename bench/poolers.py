@@ -25,21 +25,16 @@ import json
 import statistics
 import sys
 import time
-import uuid
 from typing import Any
 
 from bench.common import Databases, machine
 from bench.pgbouncer import PgBouncer
-from bench.workload import PAYLOAD, noop_workflow, on_last_phase
+from bench.workload import noop_workflow, seed_runs, stopping_worker
 from phasegate.db import Pooler, create_pool
-from phasegate.envelope import start_message
 from phasegate.orchestrator.embedded import local_aws_env
-from phasegate.queue import Outgoing
 from phasegate.settings import Settings
 from phasegate.store import Store
 from phasegate.worker.fake_queue import InMemoryFifoQueue
-from phasegate.worker.runtime import Worker
-from phasegate.workflow import Registry
 
 MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
                                          ("pgbouncer", "transaction"), ("pgbouncer", "none"))
@@ -60,27 +55,11 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
     store = Store(pool)
     queue, dlq = InMemoryFifoQueue(), InMemoryFifoQueue()
     try:
-        for index in range(groups):
-            workflow_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-            message = start_message(workflow_id, workflow.name, PAYLOAD)
-            await store.start_run(workflow_id=workflow_id, workflow=workflow.name,
-                                  schema_version=workflow.schema_version, input=PAYLOAD,
-                                  first_phase=workflow.first_phase, message=message)
-            await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+        await seed_runs(store, queue, workflow, groups, "p")
         settings = Settings(concurrency=concurrency, wait_time_s=1, visibility_timeout_s=30,
                             heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
                             worker_id="bench", db_pool_max=concurrency, database_pooler=pooler)
-        worker = Worker(settings=settings, registry=Registry([workflow]), queue=queue, dlq=dlq,
-                        store=store)
-        finished = 0
-
-        def last_phase_ran() -> None:
-            nonlocal finished
-            finished += 1
-            if finished >= groups:
-                worker.stop()
-
-        on_last_phase(workflow, last_phase_ran)
+        worker = stopping_worker(settings, workflow, groups, queue=queue, dlq=dlq, store=store)
         before = await _server_counters(admin)
         began = time.perf_counter()
         task = asyncio.create_task(worker.run())

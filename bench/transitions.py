@@ -49,7 +49,13 @@ from bench.common import (
     with_port,
 )
 from bench.floor import Floor, SqsFloorQueue, floor_message
-from bench.workload import FAILOVER_PHASE_S, PAYLOAD, noop_workflow, on_last_phase
+from bench.workload import (
+    FAILOVER_PHASE_S,
+    PAYLOAD,
+    noop_workflow,
+    seed_runs,
+    stopping_worker,
+)
 from phasegate.envelope import start_message
 from phasegate.orchestrator.embedded import free_port, local_aws_env
 from phasegate.queue import Outgoing, SqsQueue, create_fifo_queue_pair
@@ -57,8 +63,6 @@ from phasegate.settings import Settings
 from phasegate.sql import queries
 from phasegate.store import Store, create_pool
 from phasegate.worker.fake_queue import InMemoryFifoQueue
-from phasegate.worker.runtime import Worker
-from phasegate.workflow import Registry
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -131,28 +135,13 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
                                region="us-east-1").open()
         dlq = queue.sibling(urls[1])
     try:
-        for index in range(workload.groups):
-            workflow_id = f"w{index}-{uuid.uuid4().hex[:8]}"
-            message = start_message(workflow_id, workflow.name, PAYLOAD)
-            await store.start_run(workflow_id=workflow_id, workflow=workflow.name,
-                                  schema_version=workflow.schema_version, input=PAYLOAD,
-                                  first_phase=workflow.first_phase, message=message)
-            await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+        await seed_runs(store, queue, workflow, workload.groups, "w")
         settings = Settings(
             concurrency=CONCURRENCY, wait_time_s=wait_time_for(workload.backend),
             visibility_timeout_s=30, heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
             worker_id="bench", db_pool_max=CONCURRENCY)
-        worker = Worker(settings=settings, registry=Registry([workflow]), queue=queue, dlq=dlq,
-                        store=store)
-        finished = 0
-
-        def last_phase_ran() -> None:
-            nonlocal finished
-            finished += 1
-            if finished >= workload.groups:
-                worker.stop()  # the drain lets the last commit finish
-
-        on_last_phase(workflow, last_phase_ran)
+        worker = stopping_worker(settings, workflow, workload.groups, queue=queue, dlq=dlq,
+                                 store=store)
         calls_before = queue.calls + dlq.calls
         figures = await _timed(worker.run, workload, env, dsn)
         figures["sqs_calls"] = queue.calls + dlq.calls - calls_before

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from phasegate import Context, Workflow
+from phasegate import Context, Registry, Workflow
+from phasegate.envelope import start_message
+from phasegate.queue import Outgoing, Queue
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.worker.runtime import Worker
 
 # The state every transition writes: ~1 KB of JSON, the same bytes the floor upserts.
 PAYLOAD: dict[str, Any] = {"doc": "x" * 960, "n": 0}
@@ -73,3 +79,33 @@ async def slow(ctx: Context, state: Any) -> Any:
 @failover.phase("done")
 async def done(ctx: Context, state: Any) -> Any:
     return state
+
+
+async def seed_runs(store: Store, queue: Queue, workflow: Workflow, groups: int,
+                    prefix: str) -> None:
+    """Start ``groups`` runs of ``workflow``: their rows, and their start messages queued."""
+    for index in range(groups):
+        workflow_id = f"{prefix}{index}-{uuid.uuid4().hex[:8]}"
+        message = start_message(workflow_id, workflow.name, PAYLOAD)
+        await store.start_run(workflow_id=workflow_id, workflow=workflow.name,
+                              schema_version=workflow.schema_version, input=PAYLOAD,
+                              first_phase=workflow.first_phase, message=message)
+        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+
+
+def stopping_worker(settings: Settings, workflow: Workflow, groups: int, *, queue: Queue,
+                    dlq: Queue, store: Store) -> Worker:
+    """An in-process worker that stops itself once ``groups`` runs have run their last phase
+    (its drain lets the last commit finish)."""
+    worker = Worker(settings=settings, registry=Registry([workflow]), queue=queue, dlq=dlq,
+                    store=store)
+    finished = 0
+
+    def last_phase_ran() -> None:
+        nonlocal finished
+        finished += 1
+        if finished >= groups:
+            worker.stop()
+
+    on_last_phase(workflow, last_phase_ran)
+    return worker
