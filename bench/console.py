@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from bench.queries import fill, percentile, server_dsn, with_database  # noqa: E402
 from phasegate.migrate import migrate  # noqa: E402
 from phasegate.orchestrator.auth import new_token, token_line  # noqa: E402
-from phasegate.orchestrator.embedded import EmbeddedSqs, free_port  # noqa: E402
+from phasegate.orchestrator.embedded import EmbeddedSqs, free_port, local_aws_env  # noqa: E402
 from phasegate.orchestrator.server import (  # noqa: E402
     OrchestratorOptions,
     running_orchestrator,
@@ -101,6 +101,8 @@ async def browser_load(url: str, token: str, iterations: int) -> dict[str, float
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    # The moto server takes any credentials; real ones from the environment are kept.
+    os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     admin_dsn, embedded = await server_dsn(args.dsn)
     name = f"phasegate_bench_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_dsn)

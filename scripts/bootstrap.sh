@@ -18,7 +18,7 @@ have_pg_binaries() {
 # python3 ships without venv's ensurepip until it is installed), and Chromium for the
 # console's browser tests (Playwright drives /usr/bin/chromium; it never downloads a browser).
 os_packages=()
-if ! [ -x /usr/bin/chromium ] && [ -z "${PHASEGATE_SKIP_BROWSER:-}" ]; then
+if ! [ -x /usr/bin/chromium ] && [ -z "${PHASEGATE_SKIP_BROWSER:-}" ]; then  # skip: scripts/demo.sh
   os_packages+=(chromium)
 fi
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
