@@ -36,6 +36,7 @@ from phasegate.orchestrator.console_svg import dag_svg
 from phasegate.orchestrator.gate import required_role
 from phasegate.orchestrator.quarantine import list_quarantine, redrive
 from phasegate.orchestrator.views import ControlError, Invalid
+from phasegate.sql import queries
 
 if TYPE_CHECKING:
     from phasegate.orchestrator.api import Services
@@ -278,12 +279,14 @@ def mount_console(app: FastAPI, services: Services) -> None:
         from phasegate.orchestrator.api import queue_state
 
         async def build(caller: Caller, token: str | None) -> Response:
-            fleet, queue, oldest, held = await asyncio.gather(
+            fleet, queue, oldest, lag, held = await asyncio.gather(
                 services.fleet.snapshot(), queue_state(services),
                 control.views.oldest_unfinished_age_s(),
+                control.pool.fetchval(queries()["outbox_lag"]),
                 list_quarantine(control, limit=1))
             return render(request, "fleet.html", caller=caller, token=token, fleet=fleet,
-                          queue=queue, oldest_s=oldest, quarantine_open=held.open)
+                          queue=queue, oldest_s=oldest, outbox_lag_s=float(lag),
+                          quarantine_open=held.open)
 
         return await page(request, "viewer", build)
 
