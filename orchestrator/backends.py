@@ -38,6 +38,7 @@ class Backend(Protocol):
     def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]: ...
     def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]: ...
     def branches(self, workflow_id: str) -> dict[str, Any]: ...
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -90,6 +91,10 @@ class ApiBackend:
 
     def branches(self, workflow_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/workflows/{workflow_id}/branches")
+
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._call("GET", "/v1/workflows", params=params)
 
     def close(self) -> None:
         self._client.close()
@@ -201,6 +206,12 @@ class DatabaseBackend:
     def branches(self, workflow_id: str) -> dict[str, Any]:
         async def get(control: Control) -> dict[str, Any]:
             return {"workflow_id": workflow_id, "forks": await control.branches(workflow_id)}
+
+        return self._do(get)
+
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]:
+        async def get(control: Control) -> dict[str, Any]:
+            return (await control.views.list_runs(**filters)).model_dump(mode="json")
 
         return self._do(get)
 

@@ -60,6 +60,11 @@ RULES = {
     "reject": Rule("reject", ("awaiting_review",), "reject re-runs the phase under review"),
     "cancel": Rule("cancel", CANCELLABLE, "finished runs cannot be cancelled"),
 }
+# A redrive of a quarantined message (orchestrator/quarantine.py) resends the run's current
+# phase, rebuilt from the run row; it is logged as a retry (control_actions knows no other
+# word for "resume from the last checkpoint").
+REDRIVE = Rule("retry", ("failed", "running"),
+               "a redrive resends the current phase of a failed or running run")
 
 
 def refuse(rule: Rule, run: Run) -> Conflict:
@@ -168,6 +173,9 @@ class Control:
 
     async def reject(self, workflow_id: str, reason: str | None = None) -> Outcome:
         return await self._resume(RULES["reject"], workflow_id, reason)
+
+    async def redrive(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(REDRIVE, workflow_id, reason)
 
     async def _resume(self, rule: Rule, workflow_id: str, reason: str | None) -> Outcome:
         for _ in range(MAX_RACES):

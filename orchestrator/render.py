@@ -153,6 +153,16 @@ def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],
     return to_text(Group(*parts), color=color)
 
 
+def runs(items: list[dict[str, Any]], *, color: bool = False) -> str:
+    """``phasegate list``: one line per run, newest first."""
+    if not items:
+        return "no runs"
+    return table(["id", "status", "workflow", "phase", "tier", "region", "created"],
+                 [[r["workflow_id"], r["status"], r["workflow"], r["current_phase"],
+                   tier(r["tier"], r["tier_label"]), r.get("region"), r["created_at"]]
+                  for r in items], color=color)
+
+
 def action(result: dict[str, Any]) -> str:
     run = result["run"]
     line = f"{result['action']}: {run['workflow_id']} is now {run['status']}"

@@ -128,7 +128,9 @@ class Orchestrator:
                                   read_policy=policy_from(settings.read_policy), stores=router)
                 app = create_app(Services(control=control, queue=queue, fleet=fleet,
                                           auth=auth,
-                                          max_body_bytes=settings.api_max_body_bytes))
+                                          max_body_bytes=settings.api_max_body_bytes,
+                                          secure_cookie={"true": True, "false": False}.get(
+                                              settings.console_secure_cookie)))
                 self._server = _Server(uvicorn.Config(
                     app, host=self.options.host, port=self.options.port, log_config=None,
                     access_log=False, lifespan="off"), self._listening)

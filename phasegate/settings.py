@@ -153,12 +153,18 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         default=SQS_MAX_MESSAGE_BYTES, ge=1024, le=16 * 1024 * 1024,
         description="Largest request body the API reads; larger is 413 before parsing.")
+    console_secure_cookie: Literal["auto", "true", "false"] = Field(
+        default="auto",
+        description="The console's login cookie carries `Secure`: `auto` when the request "
+                    "came over https (also behind a proxy setting `X-Forwarded-Proto`), "
+                    "`true` always, `false` never (plain-http port-forwards).")
 
     # -- TEST ONLY: kill the process at named points (see phasegate/faults.py). Off by default.
     faults: str = ""
     fault_seed: int = 0
 
-    @field_validator("log_level", "log_format", "api_auth", mode="before")
+    @field_validator("log_level", "log_format", "api_auth", "console_secure_cookie",
+                     mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
