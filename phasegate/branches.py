@@ -220,7 +220,10 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
         raise ForkError(f"ctx.fork merge={merge!r}: the merge phase must come at least two "
                         f"phases after {phase!r} (branches run the phases in between)")
     enclosing = workflow.get_phase(scope.merge_phase) if scope.merge_phase else None
-    if branch != MAIN_BRANCH and (enclosing is None or target.index >= enclosing.index):
+    if branch != MAIN_BRANCH and enclosing is None:
+        raise ForkError(f"ctx.fork in branch {branch} needs the Context a worker builds (it "
+                        "knows the branch's own merge phase)")
+    if enclosing is not None and target.index >= enclosing.index:
         raise ForkError(f"ctx.fork merge={merge!r} in branch {branch}: a nested fork must "
                         f"merge before its branch's own merge phase {scope.merge_phase!r}")
     named = (list(inputs.items()) if isinstance(inputs, Mapping)

@@ -12,14 +12,13 @@ ALTER TABLE forks ADD COLUMN retries integer NOT NULL DEFAULT 0 CHECK (retries >
 -- The parent chain's seq where the merge phase runs (NULL: fork_seq + 1). A review round that
 -- retries branches checkpoints the merge phase and moves the merge one seq on.
 ALTER TABLE forks ADD COLUMN merge_seq integer;
--- 'failed': every branch of a race failed (or, require_all, one did); 'abandoned': the
--- branch the fork belongs to was discarded or failed before it fanned in.
+-- 'failed': every branch of a race failed (or, require_all, one did).
 ALTER TABLE forks DROP CONSTRAINT forks_status_check;
 ALTER TABLE forks ADD CONSTRAINT forks_status_check
-    CHECK (status IN ('open', 'merged', 'failed', 'abandoned'));
+    CHECK (status IN ('open', 'merged', 'failed'));
 ALTER TABLE forks DROP CONSTRAINT forks_resolution_check;
 ALTER TABLE forks ADD CONSTRAINT forks_resolution_check
-    CHECK (resolution IN ('fan_in', 'race', 'supervisor', 'failed', 'abandoned'));
+    CHECK (resolution IN ('fan_in', 'race', 'supervisor', 'failed'));
 
 -- depth: 1 for a fork of the main chain, parent's depth + 1 below it.
 ALTER TABLE branches ADD COLUMN depth integer NOT NULL DEFAULT 1 CHECK (depth >= 1);
