@@ -24,7 +24,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import PHASES, chaos
+from bench.chaos.workload import PHASES, chaos, is_tree
 from phasegate.envelope import dedup_id, phase_message, start_message
 from phasegate.orchestrator.embedded import EmbeddedPostgres
 
@@ -144,7 +144,8 @@ class Injector:
         with the original dedup id (inside the window: SQS drops it)."""
         if not self.run.started:
             return
-        picks = self.run.rng.sample(self.run.started, min(count, len(self.run.started)))
+        linear = [w for w in self.run.started if not is_tree(w)]  # envelopes of `chaos`
+        picks = self.run.rng.sample(linear, min(count, len(linear)))
         try:
             rows = await self.pool.fetch("SELECT workflow_id, next_seq, status FROM "
                                          "workflow_runs WHERE workflow_id = ANY($1)", picks)
