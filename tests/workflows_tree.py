@@ -91,6 +91,8 @@ async def plan(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 async def attempt(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
     if state["i"] in state["fail"]:
+        if state.get("fail_gate"):  # held until the test has seen the others finish
+            await wait_gate(f"{state['fail_gate']}-{state['i']}")
         raise NonRetryableError("this strategy cannot work")
     if state.get("gate"):  # held until the test has seen the others fail
         await wait_gate(f"{state['gate']}-{state['i']}")

@@ -203,18 +203,13 @@ SELECT EXISTS (SELECT 1 FROM fk) AS settled, (SELECT outbox_id FROM ob) AS outbo
 
 -- name: fork_failed
 -- Under the fork lock: the fork cannot succeed (every branch of a race failed, or a branch of
--- a require="all" fork failed). The fork is closed as failed, its running branches discarded;
--- the caller then fails the parent (the run, or the parent branch one level up).
-WITH fk AS (
-    UPDATE forks
-       SET status = 'failed', resolution = 'failed', pending = 0, resolved_at = now()
-     WHERE workflow_id = $1 AND parent_branch = $3 AND fork_seq = $2 AND status = 'open'
-    RETURNING workflow_id
-)
-UPDATE branches
-   SET status = 'discarded', updated_at = now(), finished_at = coalesce(finished_at, now())
- WHERE workflow_id = $1 AND parent_branch = $3 AND fork_seq = $2
-   AND status IN ('running', 'completed') AND EXISTS (SELECT 1 FROM fk);
+-- a require="all" fork failed). The fork is closed as failed; the caller then fails the parent
+-- (the run, or the parent branch one level up). Its branches are left as they are: the failed
+-- parent stops them (a branch commits only while its run and ancestors run), and an operator
+-- can still promote one of them with a supervisor merge of the failed run.
+UPDATE forks
+   SET status = 'failed', resolution = 'failed', pending = 0, resolved_at = now()
+ WHERE workflow_id = $1 AND parent_branch = $3 AND fork_seq = $2 AND status = 'open';
 
 -- name: run_fail
 -- The run fails with the reason (a failed fork of the main chain).
@@ -300,12 +295,13 @@ SELECT f.fork_seq, f.status AS fork_status, f.resolution, f.retries_left,
  ORDER BY b.ordinal;
 
 -- name: open_fork_lock
--- Supervisor merge: the run's open fork (the newest), locked like a branch's final commit.
+-- Supervisor merge: the run's open fork (the newest; or one that failed and failed the run),
+-- locked like a branch's final commit.
 SELECT f.fork_seq, f.merge_phase, f.after_merge, r.workflow, r.status AS run_status,
        r.next_seq, r.epoch, coalesce(f.merge_seq, f.fork_seq + 1) AS merge_seq
   FROM forks f
   JOIN workflow_runs r ON r.workflow_id = f.workflow_id
- WHERE f.workflow_id = $1 AND f.parent_branch = 'main' AND f.status = 'open'
+ WHERE f.workflow_id = $1 AND f.parent_branch = 'main' AND f.status IN ('open', 'failed')
  ORDER BY f.fork_seq DESC
  LIMIT 1
    FOR UPDATE OF f;

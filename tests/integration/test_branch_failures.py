@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from phasegate.orchestrator.branching import supervisor_merge
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.store import create_pool
 from phasegate.workflow import Registry, Workflow
 from tests import workflows
 from tests.helpers import (
@@ -102,14 +104,29 @@ async def test_fan_in_hands_failed_branches_to_the_merge(settings):
 
 async def test_require_all_fails_the_run_on_one_failed_branch(settings):
     wid = await start(settings, flaky, {"n": 3, "fail": [1], "mode": "all",
-                                        "require": "all"})
+                                        "require": "all", "fail_gate": "strict"})
     async with running_worker(settings, REGISTRY):
+        async def two_completed() -> bool:
+            return await fetchval(settings.database_url, "SELECT count(*) FROM branches "
+                                  "WHERE status = 'completed'") == 2
+        await wait_for(two_completed, what="f0.b0 and f0.b2 completed")
+        await fetch(settings.database_url, "INSERT INTO test_gates VALUES ('strict-1')")
         await wait_for(lambda: all_done(settings.database_url, [wid], "failed"),
                        what="run failed")
     error = await fetchval(settings.database_url, "SELECT error FROM workflow_runs")
     assert error.startswith("branch f0.b1 failed (the fork requires all): NonRetryableError")
     assert await fetchval(settings.database_url, "SELECT count(*) FROM checkpoints "
                           "WHERE phase = 'pick'") == 0
+    # An operator can still rescue the failed run from a branch that finished.
+    pool = await create_pool(settings.database_url or "", min_size=1, max_size=2)
+    try:
+        assert await supervisor_merge(pool, None, wid, "f0.b2", "b2 is fine", "ops") is None
+    finally:
+        await pool.close()
+    assert await fetchval(settings.database_url, "SELECT status FROM workflow_runs") == \
+        "completed"
+    assert await fetchval(settings.database_url, "SELECT source_branch FROM checkpoints "
+                          "WHERE branch = 'main' AND phase = 'pick'") == "f0.b2"
 
 
 async def test_merge_rejects_a_branch_twice_then_accepts_it(settings):
