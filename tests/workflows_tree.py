@@ -182,3 +182,41 @@ async def nest_join_inner(ctx: Context, state: Any) -> Any:
 @nest.merge("join_outer")
 async def nest_join_outer(ctx: Context, state: Any) -> Any:
     return [r.state for r in ctx.merged]
+
+
+# -- a review inside a branch: the nested merge retries one child once -----------------------
+
+inner_review = Workflow("inner-review", schema_version=1)
+
+
+@inner_review.phase("top")
+async def ir_top(ctx: Context, state: Any) -> Any:
+    ctx.fork({"a": {}}, merge="close")
+    return {}
+
+
+@inner_review.phase("spread")
+async def ir_spread(ctx: Context, state: Any) -> Any:
+    ctx.fork([{"x": 1}, {"x": 2}], merge="judge_inner")
+    return {"round": 0}
+
+
+@inner_review.phase("try")
+async def ir_try(ctx: Context, state: Any) -> Any:
+    await record(ctx, ctx.branch)
+    return {"x": state["x"]}
+
+
+@inner_review.merge("judge_inner")
+async def ir_judge(ctx: Context, state: Any) -> Any:
+    await record(ctx, ctx.branch)
+    if state["round"] == 0:
+        ctx.review_branches({ctx.merged[1].branch: Retry(input={"x": 5}),
+                             ctx.merged[0].branch: "discard"})
+        return {"round": 1}
+    return {"round": 2, "xs": [r.state["x"] for r in ctx.merged]}
+
+
+@inner_review.merge("close")
+async def ir_close(ctx: Context, state: Any) -> Any:
+    return {"inner": ctx.merged[0].state}

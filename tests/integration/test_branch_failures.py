@@ -26,7 +26,7 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from tests.workflows_tree import flaky, review
+from tests.workflows_tree import flaky, inner_review, review
 
 REGISTRY = Registry([flaky, review])
 
@@ -168,3 +168,22 @@ async def test_review_past_its_budget_fails_the_run_with_the_reason(settings):
     assert error.startswith("ForkError: ctx.review_branches: 1 retries asked, the fork's "
                             "budget has 0 left")
     assert [r["rounds"] for r in await state_of(settings, wid, "judge")] == [1]
+
+
+async def test_a_review_inside_a_branch_retries_a_child_and_merges_into_the_branch(settings):
+    """The nested merge (in branch f0.a) discards one child and retries the other with a new
+    input; its second round merges into f0.a, which then fans in to main."""
+    wid = await start(settings, inner_review, {})
+    url = settings.database_url
+    async with running_worker(settings, Registry([inner_review])):
+        await wait_for(lambda: all_done(url, [wid]), what="run completed")
+    [closed] = await state_of(settings, wid, "close")
+    assert closed == {"inner": {"round": 2, "xs": [5]}}
+    chains = await fetch(url, "SELECT branch, array_agg(seq || ':' || phase ORDER BY seq) AS c "
+                         "FROM checkpoints WHERE workflow_id = $1 AND kind = 'phase' "
+                         "GROUP BY branch", wid)
+    assert {r["branch"]: r["c"] for r in chains} == {
+        "main": ["0:top", "1:close"], "f0.a": ["1:spread", "2:judge_inner", "3:judge_inner"],
+        "f0.a.f1.b0": ["2:try"], "f0.a.f1.b1": ["2:try", "4:try"]}
+    assert await statuses(settings, wid) == {"f0.a": "merged", "f0.a.f1.b0": "discarded",
+                                             "f0.a.f1.b1": "merged"}
