@@ -1,4 +1,5 @@
-"""Review at the merge point: the merge phase accepts, discards or retries branches.
+"""The merge point: what a merge phase receives (``merge_input``: ``ctx.merged``) and what it
+decides about its branches -- accept, discard or retry.
 
 A merge phase sees every branch of its fork in ``ctx.merged`` (finished ones with their final
 state, failed ones with ``status="failed"``) and may decide per branch::
@@ -34,6 +35,7 @@ commits nothing, and no branch can be counted by a fan-in while a review reopens
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,25 +43,84 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from phasegate.branches import (
+    PREMATURE,
     BranchResult,
     Committed,
     ForkError,
-    MergedBranches,
+    Premature,
     _refused,
     guard,
     message,
     sql,
 )
-from phasegate.envelope import Envelope, canonical_json
+from phasegate.door import Halt
+from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json
 from phasegate.store import OutboxRow
+from phasegate.versions import Corrupt, NeedsRestart, load_verified
 
 if TYPE_CHECKING:
-    from phasegate.store import PhaseCommit, Store
+    from phasegate.store import PhaseCommit, RunPosition, Store
+    from phasegate.workflow import Workflow
 
 log = structlog.get_logger("phasegate.branches")
 
 DECISIONS = ("accept", "discard", "retry")
 _SAME = object()
+
+
+class MergedBranches(list[BranchResult]):
+    """``ctx.merged``: the branches in fork order, plus what a review needs to know."""
+
+    def __init__(self, results: list[BranchResult], *, parent: str = MAIN_BRANCH,
+                 fork_seq: int = 0, retries_left: int = 0,
+                 first_phase: str | None = None) -> None:
+        super().__init__(results)
+        self.parent = parent
+        self.fork_seq = fork_seq
+        self.retries_left = retries_left
+        self.first_phase = first_phase  # where a retried branch starts again
+
+
+async def merge_input(store: Store, workflow: Workflow, position: RunPosition, phase: str,
+                      branch: str) -> list[BranchResult] | Premature | Halt:
+    """``ctx.merged`` for a merge phase (on the main chain or in a branch): the branches of
+    the fork that merges into it, in fork order (empty when none does). One query, only for
+    merge phases."""
+    if phase not in workflow.merge_phases or position.next_seq == position.base_seq:
+        return []
+    rows = await store.pool.fetch(sql()["merge_input"], position.workflow_id,
+                                  position.next_seq, phase, position.base_seq, branch)
+    if not rows:
+        return []
+    if rows[0]["fork_status"] == "open":
+        return PREMATURE
+    forked_in = rows[0]["fork_phase"]
+    results = MergedBranches([], parent=branch, fork_seq=rows[0]["fork_seq"],
+                             retries_left=max(0, rows[0]["retries_left"]),
+                             first_phase=(workflow.next_phase(forked_in)
+                                          if workflow.get_phase(forked_in or "") else None))
+    for row in rows:
+        if row["branch"] is None:
+            continue
+        started = json.loads(row["input"]) if row["input"] is not None else None
+        if row["branch_status"] == "failed":
+            results.append(BranchResult(row["branch"], None, None, status="failed",
+                                        error=row["error"], input=started,
+                                        retries=row["retries"]))
+            continue
+        if row["state"] is None:
+            return Halt("failed", f"checkpoint_missing: branch {row['branch']} has no final "
+                        f"state at seq {row['final_seq']}")
+        try:
+            state = await load_verified(workflow, row["final_seq"], row["state"],
+                                        row["state_hash"], row["state_version"])
+        except Corrupt as exc:
+            return Halt("failed", f"branch {row['branch']}: {exc}")
+        except NeedsRestart as exc:
+            return Halt("needs_restart", f"branch {row['branch']}: {exc}")
+        results.append(BranchResult(row["branch"], state, row["final_seq"], row["tier"],
+                                    row["tier_label"], input=started, retries=row["retries"]))
+    return results
 
 
 @dataclass(frozen=True)

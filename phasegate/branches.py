@@ -48,7 +48,6 @@ A phase on the main chain forks::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -56,7 +55,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import structlog
 
 from phasegate import audit, residency
-from phasegate.door import Halt
 from phasegate.envelope import (
     BRANCH_PATTERN,
     MAIN_BRANCH,
@@ -65,7 +63,6 @@ from phasegate.envelope import (
 )
 from phasegate.sql import queries
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition
-from phasegate.versions import Corrupt, NeedsRestart, load_verified
 from phasegate.workflow import NonRetryableError
 
 if TYPE_CHECKING:
@@ -145,19 +142,6 @@ class BranchResult:
         if self.error is None:
             return None
         return self.error.split(":", 1)[0].split(" ", 1)[0]
-
-
-class MergedBranches(list[BranchResult]):
-    """``ctx.merged``: the branches in fork order, plus what a review needs to know."""
-
-    def __init__(self, results: list[BranchResult], *, parent: str = MAIN_BRANCH,
-                 fork_seq: int = 0, retries_left: int = 0,
-                 first_phase: str | None = None) -> None:
-        super().__init__(results)
-        self.parent = parent
-        self.fork_seq = fork_seq
-        self.retries_left = retries_left
-        self.first_phase = first_phase  # where a retried branch starts again
 
 
 @dataclass(frozen=True)
@@ -291,48 +275,6 @@ def fork_scope(position: RunPosition) -> ForkScope:
     if isinstance(position, BranchPosition):
         return ForkScope(position.merge_phase, position.depth)
     return ForkScope()
-
-
-async def merge_input(store: Store, workflow: Workflow, position: RunPosition, phase: str,
-                      branch: str) -> list[BranchResult] | Premature | Halt:
-    """``ctx.merged`` for a merge phase (on the main chain or in a branch): the branches of
-    the fork that merges into it, in fork order (empty when none does). One query, only for
-    merge phases."""
-    if phase not in workflow.merge_phases or position.next_seq == position.base_seq:
-        return []
-    rows = await store.pool.fetch(sql()["merge_input"], position.workflow_id,
-                                  position.next_seq, phase, position.base_seq, branch)
-    if not rows:
-        return []
-    if rows[0]["fork_status"] == "open":
-        return PREMATURE
-    forked_in = rows[0]["fork_phase"]
-    results = MergedBranches([], parent=branch, fork_seq=rows[0]["fork_seq"],
-                             retries_left=max(0, rows[0]["retries_left"]),
-                             first_phase=(workflow.next_phase(forked_in)
-                                          if workflow.get_phase(forked_in or "") else None))
-    for row in rows:
-        if row["branch"] is None:
-            continue
-        started = json.loads(row["input"]) if row["input"] is not None else None
-        if row["branch_status"] == "failed":
-            results.append(BranchResult(row["branch"], None, None, status="failed",
-                                        error=row["error"], input=started,
-                                        retries=row["retries"]))
-            continue
-        if row["state"] is None:
-            return Halt("failed", f"checkpoint_missing: branch {row['branch']} has no final "
-                        f"state at seq {row['final_seq']}")
-        try:
-            state = await load_verified(workflow, row["final_seq"], row["state"],
-                                        row["state_hash"], row["state_version"])
-        except Corrupt as exc:
-            return Halt("failed", f"branch {row['branch']}: {exc}")
-        except NeedsRestart as exc:
-            return Halt("needs_restart", f"branch {row['branch']}: {exc}")
-        results.append(BranchResult(row["branch"], state, row["final_seq"], row["tier"],
-                                    row["tier_label"], input=started, retries=row["retries"]))
-    return results
 
 
 # -- residency: the run's own store, and an audit event per checkpoint written -------------

@@ -27,7 +27,7 @@ from phasegate import metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
 from phasegate.branch_failures import halt as halt_branch
 from phasegate.branch_failures import record_failure as record_branch_failure
-from phasegate.branch_review import ReviewPlan, apply_discards, commit_review
+from phasegate.branch_review import ReviewPlan, apply_discards, commit_review, merge_input
 from phasegate.branches import (
     Bounds,
     BranchPosition,
@@ -38,7 +38,6 @@ from phasegate.branches import (
     commit_fork,
     fork_scope,
     load_branch,
-    merge_input,
 )
 from phasegate.context import Context
 from phasegate.door import Door, Halt

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from phasegate import BranchResult, Context, Retry
-from phasegate.branches import ForkError, ForkScope, MergedBranches, plan_fork
+from phasegate.branch_review import MergedBranches
+from phasegate.branches import ForkError, ForkScope, plan_fork
 from phasegate.orchestrator.render_tree import tree
 from tests.workflows_branches import fanout, speculate
 from tests.workflows_tree import tree as tree_wf
