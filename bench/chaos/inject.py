@@ -165,7 +165,9 @@ class Injector:
                     self.run.fired[label] += 1
 
     async def _send_poison(self) -> None:
-        live = self.run.rng.choice(self.run.started) if self.run.started else "none"
+        # Poison names the `chaos` workflow: send it into the group of a linear run.
+        linear = [w for w in self.run.started if not is_tree(w)]
+        live = self.run.rng.choice(linear) if linear else "none"
         for kind in POISON_KINDS:
             poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)
             response = await self.client.send_message(
