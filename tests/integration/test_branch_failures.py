@@ -6,11 +6,14 @@ fails the run with the reason."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from phasegate.cli import main
 from phasegate.orchestrator.branching import supervisor_merge
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.store import create_pool
@@ -23,6 +26,7 @@ from tests.helpers import (
     make_settings,
     queue_for,
     running_worker,
+    settings_env,
     store_for,
     wait_for,
 )
@@ -157,6 +161,27 @@ async def test_merge_rejects_a_branch_twice_then_accepts_it(settings):
     merges = await fetch(url, "SELECT seq FROM outbox WHERE body LIKE '%\"kind\":\"merge\"%' "
                          "ORDER BY seq")
     assert [m["seq"] for m in merges] == [1, 2, 3]  # one fan-in per round
+    lines = await inspect_tree(settings, wid)
+    print("\n".join(lines))
+    assert lines[1:] == [
+        "├── * 0 ask  fork all -> judge: fan_in (3/3 done)",
+        "│   ├── f0.b0  merged     1 draft",
+        "│   ├── f0.b1  merged     1 draft, 3 draft, 5 draft  r2",
+        "│   └── f0.b2  discarded  1 draft",
+        "├── * 1 judge  (review round: branches sent round again)",
+        "├── * 2 judge  (review round: branches sent round again)",
+        "├── * 3 judge  <- merge of f0.b0, f0.b1; retried 2",
+        "└── * 4 finish",
+    ]
+
+
+async def inspect_tree(settings, wid: str) -> list[str]:
+    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_tree",
+           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
+                                     env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return list(result.output.splitlines())
 
 
 async def test_review_past_its_budget_fails_the_run_with_the_reason(settings):
