@@ -14,6 +14,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from phasegate.branch_review import Retry
+    from phasegate.branches import BranchResult, ForkError
     from phasegate.context import Context
     from phasegate.staleness import Stale, StalenessError
     from phasegate.steps import StepMismatchError, StepOutputError
@@ -28,10 +30,13 @@ if TYPE_CHECKING:
 
 # name -> the core module that defines it
 _EXPORTS = {
+    "BranchResult": "phasegate.branches",
     "Context": "phasegate.context",
+    "ForkError": "phasegate.branches",
     "Grade": "phasegate.tiers",
     "NonRetryableError": "phasegate.workflow",
     "Registry": "phasegate.workflow",
+    "Retry": "phasegate.branch_review",
     "Stale": "phasegate.staleness",
     "StalenessError": "phasegate.staleness",
     "StepMismatchError": "phasegate.steps",
@@ -43,10 +48,13 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BranchResult",
     "Context",
+    "ForkError",
     "Grade",
     "NonRetryableError",
     "Registry",
+    "Retry",
     "Stale",
     "StalenessError",
     "StepMismatchError",

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     # -- inside the room: a run resuming from a checkpoint older than this (database time)
     # re-fetches the versions of the resources it observed (phasegate/staleness.py).
     stale_after_s: float = Field(default=3600.0, ge=0)
+    # -- branches (phasegate/branches.py): how deep ctx.fork may nest (1 = no fork inside a
+    # branch) and how many branches of one run may be live at once; a fork beyond either
+    # fails its phase with the reason, writing nothing.
+    branch_max_depth: int = Field(default=3, ge=1, le=16)
+    branch_max_live: int = Field(default=64, ge=1, le=10000)
 
     # -- database
     db_pool_min: int = Field(default=1, ge=0)

@@ -21,6 +21,7 @@ import structlog
 
 from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
+from phasegate.branches import Bounds
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received
@@ -184,7 +185,9 @@ class Worker:
                     retry_backoff_s=self.settings.retry_backoff_s,
                     retry_backoff_max_s=self.settings.retry_backoff_max_s,
                     stale_after_s=self.settings.stale_after_s,
-                    phase_timeout_s=self.settings.phase_timeout_s),
+                    phase_timeout_s=self.settings.phase_timeout_s,
+                    branch_bounds=Bounds(self.settings.branch_max_depth,
+                                         self.settings.branch_max_live)),
                 faults=self.faults, sender=sender,
                 # Outbox ids are per database: with several stores, mark each in its own.
                 mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent)

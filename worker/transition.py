@@ -25,18 +25,20 @@ from pydantic import ValidationError
 
 from phasegate import metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
+from phasegate.branch_failures import halt as halt_branch
+from phasegate.branch_failures import record_failure as record_branch_failure
+from phasegate.branch_review import ReviewPlan, apply_discards, commit_review, merge_input
 from phasegate.branches import (
+    Bounds,
     BranchPosition,
     BranchResult,
     ForkPlan,
     Premature,
     commit_branch,
     commit_fork,
+    fork_scope,
     load_branch,
-    merge_input,
 )
-from phasegate.branches import halt as halt_branch
-from phasegate.branches import record_failure as record_branch_failure
 from phasegate.context import Context
 from phasegate.door import Door, Halt
 from phasegate.door import enter as enter_door
@@ -116,6 +118,8 @@ class TransitionConfig:
     retry_backoff_max_s: float
     stale_after_s: float = 3600.0
     phase_timeout_s: float = 0.0
+    # Nested branches: PHASEGATE_BRANCH_MAX_DEPTH / PHASEGATE_BRANCH_MAX_LIVE.
+    branch_bounds: Bounds = field(default_factory=Bounds)
     # The random source of the retry delays' jitter (seeded in tests; None: a shared one).
     jitter: random.Random | None = field(default=None, compare=False)
 
@@ -302,7 +306,8 @@ class PhaseTransition:
             tier_attempt=door.tier_attempt, observed=Observations(workflow, door.resources),
             steps=Steps(PostgresLedger(self.store.pool), StepScope(
                 envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
-                self.faults), merged=merged or [], workflow_def=workflow)
+                self.faults), merged=merged or [], workflow_def=workflow,
+            fork_scope=fork_scope(position))
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
@@ -328,7 +333,7 @@ class PhaseTransition:
         # The durable part runs to its end even if shutdown cancels this task.
         durable = asyncio.ensure_future(self.commit_and_emit(
             envelope, workflow, phase_name, canonical, position, started, outcome,
-            ctx.observed.to_json(), ctx.fork_plan))
+            ctx.observed.to_json(), ctx.branching))
         self.durable.add(durable)
         durable.add_done_callback(self.durable.discard)
         return await asyncio.shield(durable)
@@ -340,10 +345,14 @@ class PhaseTransition:
         error = described["error"]
         log.error("phase_error", phase=phase_name, retryable=retryable, **described)
         limit = self.config.max_attempts if retryable else 0
-        result = await (self.store.record_failure(envelope.workflow_id, envelope.seq, error, limit)
-                        if envelope.branch == MAIN_BRANCH else record_branch_failure(
-                            self.store, envelope.workflow_id, envelope.branch, envelope.seq,
-                            error, limit))
+        if envelope.branch == MAIN_BRANCH:
+            result = await self.store.record_failure(envelope.workflow_id, envelope.seq, error,
+                                                     limit)
+        else:  # a failed branch may fan its fork in (phasegate/branch_failures.py)
+            failure = await record_branch_failure(self.store, envelope, error, limit)
+            result = None if failure is None else (failure.attempts, failure.status)
+            for row in failure.outbox if failure is not None else []:
+                await self.emit(row)
         if result is None:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
@@ -362,7 +371,7 @@ class PhaseTransition:
                               canonical: str, position: RunPosition, started: float,
                               outcome: PhaseOutcome | None = None,
                               resources_json: str | None = None,
-                              fork: ForkPlan | None = None) -> Settlement:
+                              fork: ForkPlan | ReviewPlan | None = None) -> Settlement:
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
@@ -380,6 +389,9 @@ class PhaseTransition:
             tier=outcome.tier, tier_label=outcome.tier_label,
             resource_versions_json=resources_json, **outcome.commit_fields())
         commit_started = time.monotonic()
+        if isinstance(fork, ReviewPlan) and not fork.retries:  # accept/discard: a plain commit
+            await apply_discards(self.store, envelope.workflow_id, fork, envelope.seq)
+            fork = None
         if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
             return await self.commit_branching(envelope, workflow, commit, position, fork,
                                                started, commit_started)
@@ -404,18 +416,25 @@ class PhaseTransition:
 
     async def commit_branching(self, envelope: Envelope, workflow: Workflow,
                                commit: PhaseCommit, position: RunPosition,
-                               fork: ForkPlan | None, started: float,
+                               fork: ForkPlan | ReviewPlan | None, started: float,
                                commit_started: float) -> Settlement:
-        """A fork, or a phase in a branch (phasegate/branches.py commits; the fan-in is decided
-        inside the branch's commit transaction). Then every message it left is sent."""
+        """A fork, a review that retries branches, or a phase in a branch
+        (phasegate/branches.py and branch_review.py commit; the fan-in is decided inside the
+        branch's commit transaction). Then every message it left is sent."""
         with tracing.commit_span(envelope) as span:
-            if isinstance(position, BranchPosition):
-                done = await commit_branch(self.store, commit, position, envelope, workflow)
+            if isinstance(fork, ForkPlan):  # on the main chain or nested in a branch
+                done = await commit_fork(self.store, commit, fork, envelope,
+                                         self.config.branch_bounds)
+            elif isinstance(fork, ReviewPlan):
+                done = await commit_review(self.store, commit, fork, envelope)
             else:
-                assert fork is not None
-                done = await commit_fork(self.store, commit, fork, envelope)
+                assert isinstance(position, BranchPosition)
+                done = await commit_branch(self.store, commit, position, envelope, workflow)
             span.set("checkpoint.success", done.committed)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
+        if done.refused is not None:  # out of bounds: nothing written, the phase fails
+            return await self.fail(envelope, commit.phase, started, done.refused,
+                                   retryable=False)
         if done.committed:
             self.faults.hit("after_commit")
             # A fork's start messages go out together (one SendMessageBatch with a sender).

@@ -62,6 +62,11 @@ MEANINGS: dict[str, str] = {
                        "(0 = no limit; `@wf.phase(name, timeout_s=...)` overrides)",
     "stale_after_s": "A run resuming from an older checkpoint re-checks its observed resources "
                      "([staleness envelope](../concepts/inside-a-phase.md#staleness-envelope))",
+    "branch_max_depth": "How deep `ctx.fork` may nest (1: no fork inside a branch); a deeper fork "
+                        "fails its phase with `ForkError` and writes nothing "
+                        "([branches](../concepts/branches.md#nested-branches))",
+    "branch_max_live": "Branches of one run live at once, at most; a fork that would pass it "
+                       "fails its phase with `ForkError` and writes nothing",
     "db_pool_min": "Connections per worker, at least (keep small: pods × pool ≤ server)",
     "db_pool_max": "Connections per worker, at most",
     "db_connect_timeout_s": "One connection attempt",
