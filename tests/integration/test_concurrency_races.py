@@ -17,9 +17,10 @@ import pytest
 from phasegate import concurrency
 from phasegate.envelope import canonical_json, start_message, state_hash
 from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.relay import Relay
 from phasegate.store import PhaseCommit, Store
 from phasegate.workflow import Workflow
-from tests.helpers import fetch, fetchval, store_for, wait_for
+from tests.helpers import fetch, fetchval, queue_for, store_for, wait_for
 from tests.workflows_flow import limited, single
 
 ROUNDS = 3
@@ -93,6 +94,10 @@ async def test_starts_beyond_the_limit_queue_in_order(database_url):
             ["pending"] * 2 + ["queued"] * 3
         # Redelivered starts change nothing: the decision is made once.
         assert await start(store, limited, ids[4]) == "queued"
+        # The run list (API and CLI) shows them by status.
+        views = Control(store.pool, None, None, actor="test").views
+        page = await views.list_runs(status="queued")
+        assert sorted(r.workflow_id for r in page.runs) == ids[2:]
         assert await store.commit_phase(final_commit(ids[0], "begin")) is not None
         assert await statuses(database_url, ids) == \
             ["completed", "running", "pending", "queued", "queued"]
@@ -172,8 +177,9 @@ async def test_gathered_finishes_without_a_hold_never_exceed_the_limit(database_
     assert await statuses(database_url, ids) == ["completed"] * 8
 
 
-async def test_cancel_of_a_queued_run_and_of_a_running_run(database_url):
-    async with store_for(database_url) as store:
+async def test_cancel_of_a_queued_run_and_of_a_running_run(settings):
+    database_url = settings.database_url
+    async with store_for(database_url) as store, queue_for(settings) as queue:
         control = Control(store.pool, None, None, actor="test")
         a, b, q1, q2 = "wf_c_a", "wf_c_b", "wf_c_q1", "wf_c_q2"
         for run in (a, b, q1, q2):
@@ -187,9 +193,13 @@ async def test_cancel_of_a_queued_run_and_of_a_running_run(database_url):
             ["cancelled", "running", "cancelled", "pending"]
         assert await admission_rows(database_url, q2) == 1
         assert await admission_rows(database_url, q1) == 0
-        # The relay sends the admission (nobody else holds it).
+        # The relay sends the admission (no worker ended a run here).
         assert await fetchval(database_url, "SELECT count(*) FROM outbox WHERE workflow_id = $1"
                               " AND sent_at IS NULL", q2) == 1
+        assert await Relay(store=store, queue=queue, after_s=0).relay_once() == 1
+        [message] = await queue.receive(10, 0, 30)
+        assert (json.loads(message.body)["workflow_id"], json.loads(message.body)["kind"]) == \
+            (q2, "start")
 
 
 async def test_a_failed_run_frees_its_slot(database_url):
