@@ -23,7 +23,7 @@ from phasegate.workflow import Workflow
 from tests.helpers import fetch, fetchval, queue_for, store_for, wait_for
 from tests.workflows_flow import limited, single
 
-ROUNDS = 3
+ROUNDS = 2
 
 
 def final_commit(workflow_id: str, phase: str) -> PhaseCommit:
