@@ -20,17 +20,6 @@ SELECT o.outbox_id, o.dedup_id, o.group_id, o.body
  WHERE a.admitted_by = $1 AND a.workflow_id <> $1 AND o.sent_at IS NULL
  ORDER BY a.position;
 
--- name: concurrency_of
--- The key and queue place of one run, for `phasegate status ID` and GET /v1/workflows/{id}.
-SELECT r.concurrency_key, r.concurrency_limit, a.queued_at, a.admitted_at,
-       (SELECT count(*) FROM run_admissions b JOIN workflow_runs q USING (workflow_id)
-         WHERE b.workflow = a.workflow AND b.concurrency_key = a.concurrency_key
-           AND b.admitted_at IS NULL AND q.status = 'queued'
-           AND b.position < a.position)::int AS ahead
-  FROM workflow_runs r
-  LEFT JOIN run_admissions a USING (workflow_id)
- WHERE r.workflow_id = $1;
-
 -- name: schedule_register
 -- The orchestrator's schedules, upserted at its start; first_seen stays what it was.
 INSERT INTO schedules (name, workflow, cron) VALUES ($1, $2, $3)
@@ -75,13 +64,3 @@ DELETE FROM schedule_ticks t
  WHERE t.schedule = $1 AND t.tick < now() - make_interval(secs => $2)
    AND t.tick < (SELECT max(tick) FROM schedule_ticks m WHERE m.schedule = $1)
    AND (t.sent_at IS NOT NULL OR t.action = 'skipped');
-
--- name: schedule_list
--- `phasegate schedules` / GET /v1/schedules: every schedule with its last tick.
-SELECT s.name, s.workflow, s.cron, s.first_seen, l.tick AS last_tick, l.action AS last_action,
-       l.workflow_id AS last_workflow_id
-  FROM schedules s
-  LEFT JOIN LATERAL (
-      SELECT tick, action, workflow_id FROM schedule_ticks t
-       WHERE t.schedule = s.name ORDER BY tick DESC LIMIT 1) l ON true
- ORDER BY s.name;
