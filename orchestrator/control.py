@@ -30,7 +30,7 @@ from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.control")
 
-CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart")
+CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart", "queued")
 # A run that changes under an action this many times in a row is reported as a conflict.
 MAX_RACES = 5
 REASON_LIMIT = 1000

@@ -31,7 +31,7 @@ DLQ_MESSAGES = Gauge(
     "Messages in the dead-letter queue by state (SQS Approximate* attributes).", ["state"])
 RUNS = Gauge("phasegate_runs", "Workflow runs by status (database).", ["status"])
 RUN_STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
-                "needs_restart")
+                "needs_restart", "queued")
 EXPORTER_ERRORS = Counter(
     "phasegate_exporter_errors_total", "Exporter polls that failed, by source.", ["source"])
 EXPORTER_POLLS = Counter("phasegate_exporter_polls_total", "Exporter poll rounds.")

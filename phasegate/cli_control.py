@@ -74,7 +74,8 @@ def _fail(error: BackendError) -> None:
               help="Its namespace (default: the pod's own).")
 def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_interval: float,
                  fleet_deployment: str, fleet_namespace: str | None) -> None:
-    """Serve the HTTP API, run the outbox relay and the queue-depth exporter until SIGTERM."""
+    """Serve the HTTP API, run the outbox relay, the queue-depth exporter and the scheduler
+    until SIGTERM."""
     from phasegate.cli import fail, load_registry, require, run_until_signal, settings_from
     from phasegate.orchestrator.server import Orchestrator, OrchestratorOptions
     from phasegate.settings import SettingsError, exit_on_settings_error
@@ -88,6 +89,7 @@ def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_in
 
     try:
         instance.authenticator()  # a bad auth setting exits 2 now, before anything connects
+        instance.schedules()  # so does a schedule clash (PHASEGATE_SCHEDULES)
     except SettingsError as exc:
         exit_on_settings_error(exc)
 

@@ -164,12 +164,27 @@ class Settings(BaseSettings):
                     "came over https (also behind a proxy setting `X-Forwarded-Proto`), "
                     "`true` always, `false` never (plain-http port-forwards).")
 
+    # -- schedules (docs/how-to/schedules.md): fired by the orchestrator
+    schedules: str | None = Field(
+        default=None,
+        description='JSON [{"workflow": ..., "cron": ..., "input": ..., "name": ...}]: '
+                    "schedules of workflows the orchestrator does not load.")
+    schedule_catchup: Literal["none", "latest", "all"] = Field(
+        default="latest",
+        description="Ticks missed while no orchestrator ran: start none, the latest only, or "
+                    "all (at most schedule_catchup_max).")
+    schedule_catchup_max: int = Field(default=10, ge=1, le=1000, description=(
+        "With schedule_catchup=all: at most this many missed ticks per schedule are started "
+        "(the newest)."))
+    schedule_interval_s: float = Field(default=5.0, gt=0, le=60, description=(
+        "Seconds between two scans of the schedules (a tick fires at most this late)."))
+
     # -- TEST ONLY: kill the process at named points (see phasegate/faults.py). Off by default.
     faults: str = ""
     fault_seed: int = 0
 
     @field_validator("log_level", "log_format", "api_auth", "console_secure_cookie",
-                     mode="before")
+                     "schedule_catchup", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
@@ -200,6 +215,17 @@ class Settings(BaseSettings):
                 raise ValueError("its default store differs from PHASEGATE_DATABASE_URL; "
                                  "set one of them, or both to the same DSN")
         return value or None
+
+    @field_validator("schedules")
+    @classmethod
+    def _schedules(cls, value: str | None) -> str | None:
+        from phasegate.schedules import ScheduleError, parse_schedules
+
+        try:
+            parse_schedules(value)
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("read_policy")
     @classmethod

@@ -23,7 +23,7 @@ import asyncpg
 import structlog
 from pydantic import ValidationError
 
-from phasegate import metrics, redact, residency, tracing
+from phasegate import concurrency, metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
 from phasegate.branch_failures import halt as halt_branch
 from phasegate.branch_failures import record_failure as record_branch_failure
@@ -157,6 +157,9 @@ class PhaseTransition:
                     workflow=envelope.workflow), tracing.phase_span(envelope) as span:
                 settlement = await self.check_and_run(message, envelope, workflow)
                 span.set("phasegate.outcome", settlement.outcome)
+                if workflow.concurrency_key is not None \
+                        and settlement.outcome in concurrency.FREES_SLOT:
+                    await self.emit_admitted(envelope.workflow_id)
                 return settlement
         except DATABASE_DOWN as exc:
             metrics.DB_ERRORS.inc()
@@ -209,7 +212,15 @@ class PhaseTransition:
 
     async def check_and_run(self, message: Received, envelope: Envelope,
                             workflow: Workflow) -> Settlement:
-        if envelope.kind == "start":
+        if envelope.kind == "start" and workflow.concurrency_key is not None:
+            taken = await concurrency.start(self.store, envelope, workflow)
+            if isinstance(taken, concurrency.Refused):  # nothing was written
+                return await self.quarantine(message, Poison(
+                    "concurrency_key", taken.reason, envelope.workflow_id))
+            if taken == "queued":  # its admission writes a new start message
+                log.info("queued")
+                return Settlement(Action.DELETE, "queued")
+        elif envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
         # A branch (phasegate/branches.py) has its own position; main's is the run row.
         position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
@@ -467,6 +478,11 @@ class PhaseTransition:
         else:
             await self.store.mark_sent([row.outbox_id])
         return True
+
+    async def emit_admitted(self, workflow_id: str) -> None:
+        """Send the start messages of the runs this run's end admitted (concurrency.py)."""
+        rows = await concurrency.admitted_by(self.store, workflow_id)
+        await asyncio.gather(*(self.emit(row) for row in rows))
 
     async def ensure_successor(self, envelope: Envelope) -> None:
         row = await self.store.successor(envelope.workflow_id, envelope.branch, envelope.seq + 1)

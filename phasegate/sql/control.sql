@@ -56,7 +56,7 @@ SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS r
 SELECT status, workflow, current_phase AS phase, tier, tier_label, count(*) AS runs,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
   FROM workflow_runs
- WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart')
+ WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart', 'queued')
  GROUP BY status, workflow, current_phase, tier, tier_label
 UNION ALL
 SELECT status, workflow, NULL, NULL, NULL, count(*), NULL
