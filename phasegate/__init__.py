@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from phasegate.context import Context
+    from phasegate.signals import SignalError, SignalResult, send_signal
     from phasegate.staleness import Stale, StalenessError
     from phasegate.steps import StepMismatchError, StepOutputError
     from phasegate.storable import UnstorableValue
     from phasegate.tiers import Grade, TierDefinitionError
+    from phasegate.waits import WaitError
     from phasegate.workflow import (
         NonRetryableError,
         Registry,
@@ -32,14 +34,18 @@ _EXPORTS = {
     "Grade": "phasegate.tiers",
     "NonRetryableError": "phasegate.workflow",
     "Registry": "phasegate.workflow",
+    "SignalError": "phasegate.signals",
+    "SignalResult": "phasegate.signals",
     "Stale": "phasegate.staleness",
     "StalenessError": "phasegate.staleness",
     "StepMismatchError": "phasegate.steps",
     "StepOutputError": "phasegate.steps",
     "TierDefinitionError": "phasegate.tiers",
     "UnstorableValue": "phasegate.storable",
+    "WaitError": "phasegate.waits",
     "Workflow": "phasegate.workflow",
     "WorkflowDefinitionError": "phasegate.workflow",
+    "send_signal": "phasegate.signals",
 }
 
 __all__ = [
@@ -47,14 +53,18 @@ __all__ = [
     "Grade",
     "NonRetryableError",
     "Registry",
+    "SignalError",
+    "SignalResult",
     "Stale",
     "StalenessError",
     "StepMismatchError",
     "StepOutputError",
     "TierDefinitionError",
     "UnstorableValue",
+    "WaitError",
     "Workflow",
     "WorkflowDefinitionError",
+    "send_signal",
 ]
 
 

@@ -248,6 +248,7 @@ main.add_command(cli_control.approve)
 main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
 main.add_command(cli_control.merge)
+main.add_command(cli_control.signal)
 main.add_command(cli_token.token)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -12,6 +13,7 @@ import structlog
 from phasegate.branches import BranchResult, ForkPlan, plan_fork
 from phasegate.staleness import Observations
 from phasegate.steps import Category, Steps
+from phasegate.waits import Wait, WaitError, signal_wait, timer
 
 if TYPE_CHECKING:
     from phasegate.workflow import Workflow
@@ -51,6 +53,10 @@ class Context:
     merged: list[BranchResult] = field(default_factory=list, repr=False)
     workflow_def: Workflow | None = field(default=None, repr=False)
     fork_plan: ForkPlan | None = field(default=None, repr=False)
+    # Waits (phasegate/waits.py): the payload of the signal this phase was woken by (None:
+    # none, or the wait timed out), and the wait this phase asked for before its successor.
+    signal: Any = None
+    wait: Wait | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -107,9 +113,33 @@ class Context:
         discarded. The fork is written with this phase's checkpoint, in one statement."""
         if self.fork_plan is not None:
             raise RuntimeError("ctx.fork was already called in this phase")
+        if self.wait is not None:
+            raise WaitError("a phase that waits cannot also fork")
         self.fork_plan = plan_fork(self.workflow_def, self.phase, self.seq, self.branch,
                                    inputs, merge, mode, win_tier)
         return self.fork_plan.names
+
+    # -- waits ----------------------------------------------------------------------------
+
+    def defer_next(self, seconds: float | None = None, *,
+                   until: datetime | None = None) -> None:
+        """Make the next phase deliverable no earlier than ``seconds`` from this phase's commit
+        (database time) or than ``until`` (a timezone-aware datetime); at most a year ahead.
+        Committed with this phase: no worker is held while the run waits."""
+        self._set_wait(timer(seconds, until=until))
+
+    def wait_for_signal(self, name: str, *, timeout_s: float) -> None:
+        """Run the next phase when signal ``name`` arrives for this run (a signal already sent
+        counts), or after ``timeout_s``. The next phase sees the payload as ``ctx.signal``
+        (None on timeout)."""
+        self._set_wait(signal_wait(name, timeout_s))
+
+    def _set_wait(self, wait: Wait) -> None:
+        if self.wait is not None:
+            raise WaitError("this phase already asked for a wait (one per phase)")
+        if self.branch != "main" or self.fork_plan is not None:
+            raise WaitError("waits are for the main chain: not inside a branch or with a fork")
+        self.wait = wait
 
     def _steps(self) -> Steps:
         if self.steps is None:
