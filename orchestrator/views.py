@@ -22,7 +22,7 @@ from phasegate.sql import queries
 
 UNFINISHED = ("pending", "running", "awaiting_review")
 STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
-            "needs_restart")
+            "needs_restart", "waiting")
 MAX_PAGE = 500
 MAX_CHECKPOINTS = 5000
 # The status table counts completed and cancelled runs of the last day only.
