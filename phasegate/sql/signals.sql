@@ -35,6 +35,41 @@ RETURNING signal_id;
 SELECT signal_id, name, idempotency_key, consumed_seq, actor, created_at, consumed_at
   FROM signals WHERE workflow_id = $1 ORDER BY signal_id;
 
+-- name: wake_kept
+-- Relay: a waiting run whose wait a kept signal already satisfies. The one race the signal's
+-- own transaction cannot see: a signal committed while the waiting phase's commit statement
+-- ran on an older snapshot (it was kept, and the commit did not find it). The run row is
+-- locked (SKIP LOCKED: a signal being sent right now settles it itself), the signal is
+-- handed to the next seq and the waiting row made due now.
+WITH w AS (
+    SELECT r.workflow_id, r.next_seq,
+           (SELECT min(s.signal_id) FROM signals s
+             WHERE s.workflow_id = r.workflow_id AND s.name = r.waiting_for
+               AND s.consumed_seq IS NULL) AS signal_id
+      FROM workflow_runs r
+     WHERE r.status = 'waiting' AND r.waiting_for IS NOT NULL AND r.due_at > now()
+       AND EXISTS (SELECT 1 FROM signals k
+                    WHERE k.workflow_id = r.workflow_id AND k.name = r.waiting_for
+                      AND k.consumed_seq IS NULL)
+     LIMIT $1
+       FOR UPDATE OF r SKIP LOCKED
+), ob AS (
+    UPDATE outbox o SET due_at = now()
+      FROM w
+     WHERE o.workflow_id = w.workflow_id AND o.branch = 'main' AND o.seq = w.next_seq
+       AND o.sent_at IS NULL AND o.due_at > now()
+    RETURNING o.workflow_id
+), sig AS (
+    UPDATE signals s SET consumed_seq = w.next_seq, consumed_at = now()
+      FROM w
+     WHERE s.signal_id = w.signal_id AND w.workflow_id IN (SELECT workflow_id FROM ob)
+    RETURNING s.workflow_id
+)
+UPDATE workflow_runs r SET due_at = now(), updated_at = now()
+  FROM sig
+ WHERE r.workflow_id = sig.workflow_id
+RETURNING r.workflow_id;
+
 -- name: due_soon
 -- The exporter's phasegate_timers_due_soon: waiting runs whose row falls due within $1
 -- seconds or is due and not sent yet (the fleet should be awake for them). A cancelled run's

@@ -194,3 +194,21 @@ async def test_a_viewer_may_not_signal(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/workflows/sig-6/signals/approval", json={},
                                  headers=bearer(client.headers["X-Viewer"]))
     assert response.status_code == 403
+
+
+async def test_the_relay_wakes_a_wait_that_a_kept_signal_already_satisfies(
+        client: httpx.AsyncClient, settings: Settings) -> None:
+    """The race the signal's transaction cannot see (it committed while the waiting phase's
+    commit ran on an older snapshot) leaves a kept signal next to a wait for its name: the
+    relay hands it over, once."""
+    dsn = settings.database_url or ""
+    await start(client, "sig-7", timeout_s=3600)
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: is_waiting(client, "sig-7"), what="run waiting")
+        await fetch(dsn, "INSERT INTO signals (workflow_id, name, payload) "
+                    "VALUES ('sig-7', 'approval', '\"raced\"'), ('sig-7', 'approval', '2')")
+        async with running_relay(settings):
+            await wait_for(lambda: all_done(dsn, ["sig-7"]), what="run completed")
+    assert (await final_state(dsn, "sig-7"))["signal"] == "raced"
+    rows = await fetch(dsn, "SELECT consumed_seq FROM signals ORDER BY signal_id")
+    assert [r["consumed_seq"] for r in rows] == [1, None]  # the second is kept

@@ -45,6 +45,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS signals_consumed_key
     ON signals (workflow_id, consumed_seq) WHERE consumed_seq IS NOT NULL;
 CREATE INDEX IF NOT EXISTS signals_kept_idx
     ON signals (workflow_id, name, signal_id) WHERE consumed_seq IS NULL;
+-- The relay's look for signal waits a kept signal satisfies (phasegate/sql/signals.sql).
+CREATE INDEX IF NOT EXISTS workflow_runs_signal_wait_idx ON workflow_runs (due_at)
+    WHERE status = 'waiting' AND waiting_for IS NOT NULL;
 
 DO $$
 BEGIN
