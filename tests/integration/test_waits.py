@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from prometheus_client import REGISTRY as REGISTRY_METRICS
 
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.embedded import free_port
+from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Views
@@ -184,7 +186,12 @@ async def test_exporter_counts_waits_due_within_the_minute(settings: Settings) -
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: waiting(dsn, soon, 1), what="first run waiting")
         await wait_for(lambda: waiting(dsn, later, 1), what="second run waiting")
-    assert await _due_soon(dsn) == 1
+    async with store_for(dsn) as store:
+        exporter = QueueDepthExporter(queue=None, views=Views(store.pool))
+        await exporter.poll_once()
+    assert exporter.last_error is None
+    assert REGISTRY_METRICS.get_sample_value("phasegate_timers_due_soon") == 1.0
+    assert REGISTRY_METRICS.get_sample_value("phasegate_runs", {"status": "waiting"}) == 2.0
 
 
 async def _due_soon(dsn: str) -> int:
