@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import asyncpg
-from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi import Path as Path_
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -101,6 +101,24 @@ class ActionRequest(Storable):
     reason: str | None = Field(default=None, max_length=1000)
 
 
+class SignalRequest(Storable):
+    payload: Any = Field(default=None, description="Any JSON; the next phase's ctx.signal.")
+    idempotency_key: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="A repeat with the same key changes nothing (also: Idempotency-Key).")
+
+
+class SignalResponse(BaseModel):
+    workflow_id: str
+    name: str
+    signal_id: int
+    delivered: bool = Field(description="It woke the run's wait for this name; false: kept "
+                                        "until a wait for its name, or the run's end.")
+    duplicate: bool = Field(description="The idempotency key was seen before; nothing changed.")
+    sent: bool = Field(description="The woken run's message reached SQS (false: the relay "
+                                   "sends it).")
+
+
 class ActionResponse(BaseModel):
     action: str
     run: Run
@@ -153,6 +171,7 @@ UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 UNAVAILABLE_SQLSTATE = ("08", "28", "53", "57")
 
 WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
+SignalName = Annotated[str, Path_(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
 
 
 def caller_of(request: Request) -> Caller:
@@ -277,6 +296,25 @@ def create_app(services: Services) -> FastAPI:
 
     for name in ("cancel", "retry", "restart", "approve", "reject"):
         action_route(name)
+
+    @app.post("/v1/workflows/{workflow_id}/signals/{name}", response_model=SignalResponse,
+              responses={**ERRORS, **BODY_ERRORS, 422: {
+                  "description": "A bad signal name, idempotency key or payload"}},
+              summary="Send a signal to a run")
+    async def signal(workflow_id: WorkflowId, name: SignalName, caller: CallerDep,
+                     body: Annotated[SignalRequest | None, Body()] = None,
+                     idempotency_key: Annotated[str | None, Header(
+                         min_length=1, max_length=200)] = None) -> SignalResponse:
+        """Wakes the run if it waits for ``name`` (``ctx.wait_for_signal``); otherwise the
+        signal is kept until a wait for its name, or until the run ends. 404: no such run;
+        409: the run has ended."""
+        scoped = await control_for(caller).scoped(workflow_id)
+        request = body or SignalRequest()
+        result = await scoped.signal(workflow_id, name, request.payload,
+                                     request.idempotency_key or idempotency_key)
+        return SignalResponse(workflow_id=workflow_id, name=name, signal_id=result.signal_id,
+                              delivered=result.delivered, duplicate=result.duplicate,
+                              sent=result.sent)
 
     @app.post("/v1/workflows/{workflow_id}/merge", response_model=ActionResponse,
               responses={**ERRORS, **BODY_ERRORS},

@@ -24,13 +24,15 @@ from phasegate.orchestrator.starter import StartError, start_workflow
 from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
+from phasegate.signals import RunFinished, RunNotFound, SignalError, SignalResult, send_signal
 from phasegate.sql import queries
 from phasegate.store import Store
 from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.control")
 
-CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart", "queued")
+CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart", "queued",
+               "waiting")
 # A run that changes under an action this many times in a row is reported as a conflict.
 MAX_RACES = 5
 REASON_LIMIT = 1000
@@ -225,6 +227,25 @@ class Control:
         await self.store.mark_sent([outbox_id])
         return True
 
+
+    # -- signals (phasegate/signals.py) --------------------------------------------------------
+
+    async def signal(self, workflow_id: str, name: str, payload: Any,
+                     idempotency_key: str | None = None) -> SignalResult:
+        """Send signal ``name`` to the run; a woken run's message is sent at once."""
+        try:
+            result = await send_signal(self.pool, workflow_id, name, payload,
+                                       idempotency_key=idempotency_key, queue=self.queue,
+                                       actor=self.actor)
+        except RunNotFound as exc:
+            raise NotFound(str(exc)) from None
+        except RunFinished as exc:
+            raise Conflict(str(exc)) from None
+        except SignalError as exc:
+            raise Invalid(str(exc)) from None
+        log.info("signal_received", workflow_id=workflow_id, delivered=result.delivered,
+                 duplicate=result.duplicate, sent=result.sent)
+        return result
 
     # -- branches (orchestrator/branching.py) ------------------------------------------------
 

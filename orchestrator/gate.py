@@ -44,7 +44,7 @@ ROUTE_ROLES = {
     "list_runs": VIEWER, "get_run": VIEWER, "checkpoints": VIEWER, "actions": VIEWER,
     "branches": VIEWER, "stalls": VIEWER, "summary": VIEWER, "fleet": VIEWER,
     "start": OPERATOR, "cancel": OPERATOR, "retry": OPERATOR, "restart": OPERATOR,
-    "approve": OPERATOR, "reject": OPERATOR,
+    "approve": OPERATOR, "reject": OPERATOR, "signal": OPERATOR,
     "merge": ADMIN,
     "quarantine": VIEWER, "redrive": OPERATOR,
 }

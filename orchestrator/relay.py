@@ -1,7 +1,9 @@
-"""The outbox relay: sends successor messages a crashed worker committed but never sent.
+"""The outbox relay: sends successor messages a crashed worker committed but never sent, and
+the messages of waits (timers, signal timeouts; phasegate/waits.py) when they fall due.
 
 A worker sends its successor right after the commit; the relay only picks up rows still
-unsent ``relay_after_s`` seconds after their commit (database time). A run that has not
+unsent ``relay_after_s`` seconds after their commit (database time), and rows with a
+``due_at`` as soon as it has passed. A run that has not
 moved for ``relay_stall_after_s`` although its message was sent gets that message again
 under a new deduplication id (the message was lost). Rows are claimed with
 ``FOR UPDATE SKIP LOCKED`` inside one transaction, so several relays can run at once. A row
@@ -20,6 +22,7 @@ import structlog
 from phasegate import metrics
 from phasegate.backoff import Backoff
 from phasegate.queue import Outgoing, Queue, QueueError
+from phasegate.sql import queries
 from phasegate.store import Store
 
 log = structlog.get_logger("phasegate.relay")
@@ -55,6 +58,7 @@ class Relay:
         while not self._stop.is_set():
             try:
                 await self.requeue_stalled()
+                await self.wake_kept_signals()
                 sent = await self.relay_once()
                 metrics.OUTBOX_LAG.set(await self.store.outbox_lag_s())
             except Exception as exc:
@@ -79,6 +83,15 @@ class Relay:
             self.requeued += len(rows)
             log.warning("requeued_stalled_runs", runs=len(rows),
                         stalled_for_s=self.stall_after_s)
+        return len(rows)
+
+    async def wake_kept_signals(self) -> int:
+        """Make due the waits a kept signal already satisfies (a signal that arrived while
+        the waiting phase's commit ran, phasegate/sql/signals.sql ``wake_kept``); this
+        round's claim then sends them."""
+        rows = await self.store.pool.fetch(queries("signals.sql")["wake_kept"], self.batch)
+        if rows:
+            log.info("woke_signalled_runs", runs=len(rows))
         return len(rows)
 
     async def relay_once(self) -> int:

@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from phasegate.branch_review import Retry
     from phasegate.branches import BranchResult, ForkError
     from phasegate.context import Context
+    from phasegate.signals import SignalError, SignalResult, send_signal
     from phasegate.staleness import Stale, StalenessError
     from phasegate.steps import StepMismatchError, StepOutputError
     from phasegate.storable import UnstorableValue
     from phasegate.tiers import Grade, TierDefinitionError
+    from phasegate.waits import WaitError
     from phasegate.workflow import (
         NonRetryableError,
         Registry,
@@ -37,14 +39,18 @@ _EXPORTS = {
     "NonRetryableError": "phasegate.workflow",
     "Registry": "phasegate.workflow",
     "Retry": "phasegate.branch_review",
+    "SignalError": "phasegate.signals",
+    "SignalResult": "phasegate.signals",
     "Stale": "phasegate.staleness",
     "StalenessError": "phasegate.staleness",
     "StepMismatchError": "phasegate.steps",
     "StepOutputError": "phasegate.steps",
     "TierDefinitionError": "phasegate.tiers",
     "UnstorableValue": "phasegate.storable",
+    "WaitError": "phasegate.waits",
     "Workflow": "phasegate.workflow",
     "WorkflowDefinitionError": "phasegate.workflow",
+    "send_signal": "phasegate.signals",
 }
 
 __all__ = [
@@ -55,14 +61,18 @@ __all__ = [
     "NonRetryableError",
     "Registry",
     "Retry",
+    "SignalError",
+    "SignalResult",
     "Stale",
     "StalenessError",
     "StepMismatchError",
     "StepOutputError",
     "TierDefinitionError",
     "UnstorableValue",
+    "WaitError",
     "Workflow",
     "WorkflowDefinitionError",
+    "send_signal",
 ]
 
 

@@ -291,6 +291,7 @@ main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
 main.add_command(cli_control.merge)
 main.add_command(cli_control.list_runs)
+main.add_command(cli_control.signal)
 main.add_command(cli_token.token)
 
 

@@ -1,5 +1,6 @@
 """Control-plane commands: ``orchestrator``, ``status``, ``inspect``, ``cancel|retry|restart|
-approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``phasegate/cli.py``.
+approve|reject``, ``signal``, ``purge``. Registered on the ``phasegate`` group in
+``phasegate/cli.py``.
 
 Each control command talks to the orchestrator's API with ``--api URL`` (or
 ``PHASEGATE_API_URL``), sending the bearer token in ``PHASEGATE_API_TOKEN``, and to the
@@ -346,5 +347,33 @@ def list_runs(api_url: str | None, status: str | None, workflow: str | None,
         click.echo(f"more: --cursor {page['next_cursor']}", err=True)
 
 
+@click.command()
+@API_OPTION
+@click.argument("workflow_id")
+@click.argument("name")
+@click.option("--payload", default="null", show_default=True,
+              help="The signal's payload as JSON (the next phase's ctx.signal).")
+@click.option("--idempotency-key", help="A repeat with the same key changes nothing.")
+def signal(api_url: str | None, workflow_id: str, name: str, payload: str,
+           idempotency_key: str | None) -> None:
+    """Send signal NAME to a run: it wakes the run if it waits for NAME
+    (ctx.wait_for_signal); otherwise it is kept until the run waits for it, or ends."""
+    import json
+
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        click.echo(f"phasegate: --payload is not JSON: {exc}", err=True)
+        raise SystemExit(2) from None
+    backend = _backend(api_url)
+    try:
+        result = backend.signal(workflow_id, name, value, idempotency_key)
+    except BackendError as exc:
+        _fail(exc)
+    finally:
+        backend.close()
+    click.echo(render.signal(result))
+
+
 COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge,
-            merge, list_runs]
+            merge, list_runs, signal]

@@ -179,9 +179,9 @@ class RegionalStore(Store):
 
     # -- the worker's reads and writes
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
-        position = await super().load_for_phase(workflow_id, branch)
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        position = await super().load_for_phase(workflow_id, branch, seq)
         if position is not None:
             self._remember(workflow_id, Residency(position.classification, position.region))
         return position
@@ -297,9 +297,9 @@ class StoreRouter(Store):
             workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
             input=input, first_phase=first_phase, message=message)
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
-        return await self.for_run(workflow_id).load_for_phase(workflow_id, branch)
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        return await self.for_run(workflow_id).load_for_phase(workflow_id, branch, seq)
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
                            ) -> tuple[datetime, int | None] | None:

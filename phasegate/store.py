@@ -46,6 +46,8 @@ class RunPosition:
     # Data residency (phasegate/residency.py): fixed at start.
     classification: str = "internal"
     region: str | None = None
+    # The payload (JSON text) of the signal delivered to this seq (phasegate/waits.py).
+    signal_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,10 @@ class PhaseCommit:
     rerun_of: int | None = None
     error: str | None = None
     review_json: str | None = None
+    # A wait before the successor (phasegate/waits.py): all None for a plain advance.
+    wait_s: float | None = None
+    wait_until: datetime | None = None
+    wait_signal: str | None = None
 
 
 class Store:
@@ -114,9 +120,11 @@ class Store:
             classification, region)
         return outbox_id
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
-        row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch)
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        """``seq``: the message's; a ``waiting`` run is claimed (back to running) only by
+        the message of the seq it waits for, never by a late duplicate of an earlier one."""
+        row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch, seq)
         if row is None:
             return None
         return RunPosition(
@@ -126,7 +134,8 @@ class Store:
             input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
             state_json=row["state"], state_hash=row["state_hash"],
             state_version=row["state_version"], progress_json=row["progress"],
-            classification=row["classification"], region=row["region"])
+            classification=row["classification"], region=row["region"],
+            signal_json=row["signal"])
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
                            ) -> tuple[datetime, int | None] | None:
@@ -144,7 +153,8 @@ class Store:
             commit.resource_versions_json, commit.worker_id, commit.trace_id,
             successor.dedup_id if successor else None,
             successor.group_id if successor else None, successor_body,
-            commit.outcome, commit.rerun_of, commit.error, commit.review_json)
+            commit.outcome, commit.rerun_of, commit.error, commit.review_json,
+            commit.wait_s, commit.wait_until, commit.wait_signal)
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]

@@ -58,6 +58,7 @@ from phasegate.storable import UnstorableValue
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
 from phasegate.tiers import PhaseOutcome, decide
 from phasegate.versions import Corrupt, NeedsRestart, load_verified
+from phasegate.waits import Wait
 from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.guards import (
     MAX_TRANSITION_CRASHES,
@@ -223,7 +224,8 @@ class PhaseTransition:
         elif envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
         # A branch (phasegate/branches.py) has its own position; main's is the run row.
-        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
+        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch,
+                                                    envelope.seq)
                           if envelope.branch == MAIN_BRANCH
                           else load_branch(self.store, envelope.workflow_id, envelope.branch))
         if position is None:
@@ -318,7 +320,8 @@ class PhaseTransition:
             steps=Steps(PostgresLedger(self.store.pool), StepScope(
                 envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
                 self.faults), merged=merged or [], workflow_def=workflow,
-            fork_scope=fork_scope(position))
+            fork_scope=fork_scope(position),
+            signal=json.loads(position.signal_json) if position.signal_json else None)
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
@@ -344,7 +347,7 @@ class PhaseTransition:
         # The durable part runs to its end even if shutdown cancels this task.
         durable = asyncio.ensure_future(self.commit_and_emit(
             envelope, workflow, phase_name, canonical, position, started, outcome,
-            ctx.observed.to_json(), ctx.branching))
+            ctx.observed.to_json(), ctx.branching, ctx.wait))
         self.durable.add(durable)
         durable.add_done_callback(self.durable.discard)
         return await asyncio.shield(durable)
@@ -382,7 +385,8 @@ class PhaseTransition:
                               canonical: str, position: RunPosition, started: float,
                               outcome: PhaseOutcome | None = None,
                               resources_json: str | None = None,
-                              fork: ForkPlan | ReviewPlan | None = None) -> Settlement:
+                              fork: ForkPlan | ReviewPlan | None = None,
+                              wait: Wait | None = None) -> Settlement:
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
@@ -398,7 +402,8 @@ class PhaseTransition:
             state_hash=state_hash(canonical), next_phase=next_phase,
             status=outcome.status, worker_id=self.config.worker_id, successor=successor,
             tier=outcome.tier, tier_label=outcome.tier_label,
-            resource_versions_json=resources_json, **outcome.commit_fields())
+            resource_versions_json=resources_json, **outcome.commit_fields(),
+            **(wait.commit_fields() if wait and successor else {}))
         commit_started = time.monotonic()
         if isinstance(fork, ReviewPlan) and not fork.retries:  # accept/discard: a plain commit
             await apply_discards(self.store, envelope.workflow_id, fork, envelope.seq)

@@ -28,11 +28,15 @@ WITH run AS (
 SELECT (SELECT outbox_id FROM ob) AS outbox_id;
 
 -- name: load_for_phase
--- Check + claim + load in one round trip: the run row (moved pending -> running), the state
--- committed at the previous door, and the latest in-phase progress for the seq about to run.
+-- Check + claim + load in one round trip: the run row (moved pending -> running, or waiting
+-- -> running by the message of the seq it waits for: $3), the state committed at the
+-- previous door, the latest in-phase progress for the seq about to run, and the payload of
+-- the signal delivered to that seq (0010; NULL: none).
 WITH claimed AS (
-    UPDATE workflow_runs SET status = 'running', updated_at = now()
-    WHERE workflow_id = $1 AND status = 'pending'
+    UPDATE workflow_runs SET status = 'running', updated_at = now(), due_at = NULL,
+                             waiting_for = NULL
+    WHERE workflow_id = $1
+      AND (status = 'pending' OR (status = 'waiting' AND next_seq = $3::int AND $2 = 'main'))
     RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
               schema_version, input::text AS input, attempts, epoch, classification, region
 ), run AS (
@@ -45,7 +49,7 @@ WITH claimed AS (
 )
 SELECT run.*,
        c.state::text AS state, c.state_hash, c.schema_version AS state_version,
-       e.state::text AS progress
+       e.state::text AS progress, s.payload::text AS signal
 FROM run
 -- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
 -- checkpoint of the run and filter afterwards, a cost that grew with every phase.
@@ -60,16 +64,37 @@ LEFT JOIN LATERAL (
     WHERE e.workflow_id = $1 AND e.branch = $2
       AND e.seq = run.next_seq AND e.kind = 'emergency'
     ORDER BY e.checkpoint_id DESC LIMIT 1
-) e ON true;
+) e ON true
+LEFT JOIN LATERAL (
+    SELECT payload FROM signals s
+    WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = run.next_seq
+    LIMIT 1
+) s ON true;
 
 -- name: commit_phase
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.
 -- $18-$21 are null for a phase that simply advanced; a below-tier retry/escalation or a
 -- re-run sets the checkpoint's outcome and rerun_of and the run's error/review.
-WITH run AS (
+-- $22-$24 (0010, phasegate/waits.py) are null unless the phase asked for a wait: a delay in
+-- seconds or a moment, and a signal's name. The successor's row is then due at that time
+-- (database time) and the run is `waiting`; a signal already kept for the run is matched
+-- here (it makes the row due now). outbox_id comes back only for a row due now: the worker
+-- sends those, the relay sends the others when they fall due.
+WITH kept AS (
+    SELECT min(signal_id) AS signal_id FROM signals
+     WHERE $24::text IS NOT NULL AND workflow_id = $1 AND name = $24 AND consumed_seq IS NULL
+), due AS (
+    SELECT CASE WHEN $9 <> 'running' OR $15::text IS NULL THEN NULL
+                WHEN (SELECT signal_id FROM kept) IS NOT NULL THEN now()
+                ELSE coalesce($23::timestamptz, now() + make_interval(secs => $22::float8))
+           END AS at
+), run AS (
     UPDATE workflow_runs
-       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
+       SET next_seq = $3 + 1, current_phase = $8, attempts = 0, error = $20,
+           status = CASE WHEN (SELECT at FROM due) IS NULL THEN $9 ELSE 'waiting' END,
+           due_at = (SELECT at FROM due),
+           waiting_for = CASE WHEN (SELECT at FROM due) IS NOT NULL THEN $24::text END,
            tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
            updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
      WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
@@ -82,12 +107,20 @@ WITH run AS (
            $18, $19
       FROM run
     RETURNING created_at
+), sig AS (
+    UPDATE signals SET consumed_seq = $3 + 1, consumed_at = now()
+     WHERE signal_id = (SELECT signal_id FROM kept) AND EXISTS (SELECT 1 FROM run)
+       AND (SELECT at FROM due) IS NOT NULL
+    RETURNING signal_id
 ), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
-    RETURNING outbox_id
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, (SELECT at FROM due)
+      FROM run WHERE $15::text IS NOT NULL
+    RETURNING outbox_id, due_at
 )
-SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
+SELECT (SELECT created_at FROM cp) AS committed_at,
+       (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
+       (SELECT count(*) FROM sig) AS signals_matched;
 
 -- name: record_failure
 -- A phase raised: count the attempt; at the limit the run is failed with the error kept.
@@ -108,21 +141,27 @@ RETURNING workflow_id;
 
 -- name: successor
 -- The message a committed seq left behind (the newest, if a retry wrote another).
+-- A row not due yet (a wait, 0010) is left to the relay: a late duplicate of the waiting
+-- phase's message must not send it early.
 SELECT outbox_id, dedup_id, group_id, body, sent_at
-  FROM outbox
- WHERE workflow_id = $1 AND branch = $2 AND seq = $3
- ORDER BY outbox_id DESC
- LIMIT 1;
+  FROM (SELECT outbox_id, dedup_id, group_id, body, sent_at, due_at
+          FROM outbox
+         WHERE workflow_id = $1 AND branch = $2 AND seq = $3
+         ORDER BY outbox_id DESC
+         LIMIT 1) latest
+ WHERE due_at IS NULL OR due_at <= now();
 
 -- name: mark_sent
 UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
 
 -- name: claim_unsent
--- Relay: rows still unsent some seconds after commit (database time). SKIP LOCKED lets
--- several relays share the work without sending a row twice at once.
+-- Relay: rows still unsent some seconds after commit, and rows of a wait (0010) as soon as
+-- they are due (database time). SKIP LOCKED lets several relays share the work without
+-- sending a row twice at once.
 SELECT outbox_id, dedup_id, group_id, body
   FROM outbox
- WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => $1)
+ WHERE sent_at IS NULL
+   AND (due_at <= now() OR (due_at IS NULL AND created_at < now() - make_interval(secs => $1)))
  ORDER BY outbox_id
  LIMIT $2
  FOR UPDATE SKIP LOCKED;
@@ -140,7 +179,7 @@ WITH stalled AS (
           SELECT outbox_id, sent_at FROM outbox o
            WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
            ORDER BY outbox_id DESC LIMIT 1) o ON true
-     WHERE r.status IN ('pending', 'running')
+     WHERE r.status IN ('pending', 'running', 'waiting')
        AND r.updated_at < now() - make_interval(secs => $1)
        AND o.sent_at < now() - make_interval(secs => $1)
      LIMIT $2
@@ -152,9 +191,11 @@ UPDATE outbox SET sent_at = NULL,
 RETURNING outbox.workflow_id;
 
 -- name: outbox_lag
--- Age of the oldest unsent outbox row, in seconds (0 when none).
-SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
-  FROM outbox WHERE sent_at IS NULL;
+-- Age of the oldest unsent outbox row, in seconds (0 when none); a wait's row counts from
+-- its due time, and not at all before it.
+SELECT coalesce(extract(epoch FROM now() - min(coalesce(due_at, created_at))), 0)::float8
+       AS lag_s
+  FROM outbox WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now());
 
 -- name: quarantine
 INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
@@ -278,7 +319,7 @@ SELECT r.workflow, (r.next_seq = r.base_seq) AS at_input, c.schema_version AS ve
   LEFT JOIN checkpoints c
          ON c.workflow_id = r.workflow_id AND c.branch = 'main' AND c.seq = r.next_seq - 1
         AND c.kind = 'phase'
- WHERE r.status IN ('pending', 'running', 'awaiting_review')
+ WHERE r.status IN ('pending', 'running', 'awaiting_review', 'waiting')
  GROUP BY 1, 2, 3
  ORDER BY 1, 2, 3;
 
