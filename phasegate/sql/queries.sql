@@ -66,7 +66,8 @@ LEFT JOIN LATERAL (
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.
 -- $18-$21 are null for a phase that simply advanced; a below-tier retry/escalation or a
--- re-run sets the checkpoint's outcome and rerun_of and the run's error/review.
+-- re-run sets the checkpoint's outcome and rerun_of and the run's error/review. $22-$24: local
+-- continuation's leases (null/0/null without it).
 WITH run AS (
     UPDATE workflow_runs
        SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
@@ -83,9 +84,18 @@ WITH run AS (
       FROM run
     RETURNING created_at
 ), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
+    -- $22: a worker that continues the run itself (worker/continuation.py) writes the
+    -- successor leased to itself for $23 seconds; nobody sends it while the lease is live.
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, lease_holder,
+                        lease_until)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, $22::text,
+           CASE WHEN $22::text IS NOT NULL THEN now() + make_interval(secs => $23::float8) END
+      FROM run WHERE $15::text IS NOT NULL
     RETURNING outbox_id
+), consumed AS (
+    -- $24: a continued hop's own row, never sent (the hop ran locally): spent by this commit.
+    UPDATE outbox SET sent_at = now()
+     WHERE outbox_id = $24::bigint AND sent_at IS NULL AND EXISTS (SELECT 1 FROM run)
 )
 SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
 
@@ -107,8 +117,10 @@ UPDATE workflow_runs
 RETURNING workflow_id;
 
 -- name: successor
--- The message a committed seq left behind (the newest, if a retry wrote another).
-SELECT outbox_id, dedup_id, group_id, body, sent_at
+-- The message a committed seq left behind (the newest, if a retry wrote another), and whether
+-- a live lease says someone else takes care of it (database time).
+SELECT outbox_id, dedup_id, group_id, body, sent_at,
+       coalesce(lease_until > now(), false) AS leased
   FROM outbox
  WHERE workflow_id = $1 AND branch = $2 AND seq = $3
  ORDER BY outbox_id DESC
@@ -118,14 +130,40 @@ SELECT outbox_id, dedup_id, group_id, body, sent_at
 UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
 
 -- name: claim_unsent
--- Relay: rows still unsent some seconds after commit (database time). SKIP LOCKED lets
--- several relays share the work without sending a row twice at once.
-SELECT outbox_id, dedup_id, group_id, body
-  FROM outbox
- WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => $1)
- ORDER BY outbox_id
- LIMIT $2
- FOR UPDATE SKIP LOCKED;
+-- Relay: claim the rows that are due, in one short statement that commits before anything is
+-- sent (no transaction or row lock held across the SQS call; fine behind PgBouncer in
+-- transaction mode). Due: unsent, no live lease, and either the lease expired (a worker's
+-- chain died: send at once) or, never leased, committed $1 seconds ago (database time). The
+-- claim is itself a lease ($3 = the relay's id, $4 seconds): a relay that dies mid-send
+-- leaves its rows to another relay once the claim expires. SKIP LOCKED lets relays racing
+-- for the same rows split them. Each condition is one AND term, so another slots in.
+WITH due AS (
+    SELECT outbox_id
+      FROM outbox
+     WHERE sent_at IS NULL
+       AND coalesce(lease_until, created_at + make_interval(secs => $1)) <= now()
+     ORDER BY outbox_id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+   SET lease_holder = $3, lease_until = now() + make_interval(secs => $4)
+  FROM due
+ WHERE o.outbox_id = due.outbox_id
+RETURNING o.outbox_id, o.dedup_id, o.group_id, o.body;
+
+-- name: extend_leases
+-- A worker's heartbeat: its chains' leased rows ($1) live $3 seconds more. Only rows still
+-- leased to it ($2) and unsent: a lease that expired and was claimed by a relay stays lost.
+UPDATE outbox SET lease_until = now() + make_interval(secs => $3)
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL
+RETURNING outbox_id;
+
+-- name: release_leases
+-- Give up leases ($2's) on rows that stay unsent: the relay sends them on its next rounds
+-- (a failed relay send, a continued hop that will be retried).
+UPDATE outbox SET lease_holder = NULL, lease_until = NULL
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL;
 
 -- name: requeue_stalled
 -- Relay: a run that has not moved for $1 seconds although the message that wakes it was sent
@@ -153,8 +191,9 @@ RETURNING outbox.workflow_id;
 
 -- name: outbox_lag
 -- Age of the oldest unsent outbox row, in seconds (0 when none).
+-- A row under a live lease is being taken care of (a continued chain, a relay mid-send).
 SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
-  FROM outbox WHERE sent_at IS NULL;
+  FROM outbox WHERE sent_at IS NULL AND (lease_until IS NULL OR lease_until <= now());
 
 -- name: quarantine
 INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
