@@ -472,7 +472,8 @@ class Worker:
         if self.transition is None or not self.transition.leases.held:
             return
         try:
-            await self.transition.leases.extend()
+            # Bounded: a database outage must not hold up the SQS visibility extensions.
+            await asyncio.wait_for(self.transition.leases.extend(), self.settings.heartbeat_s)
         except Exception as exc:  # a lease that runs out only hands the run to another worker
             metrics.DB_ERRORS.inc()
             log.warning("lease_heartbeat_failed", error=type(exc).__name__)
