@@ -22,7 +22,6 @@ from typing import Any
 
 import asyncpg
 import structlog
-from pydantic import ValidationError
 
 from phasegate import metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
@@ -44,7 +43,6 @@ from phasegate.door import enter as enter_door
 from phasegate.door import settle as settle_door
 from phasegate.envelope import (
     MAIN_BRANCH,
-    WORKFLOW_ID_PATTERN,
     Envelope,
     phase_message,
     state_hash,
@@ -70,11 +68,10 @@ from phasegate.worker.guards import (
     MAX_TRANSITION_CRASHES,
     Failed,
     attempt,
-    group_mismatch,
     phase_timeout,
-    refused_start,
     storable,
 )
+from phasegate.worker.parsing import Poison, parse
 from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
@@ -96,17 +93,6 @@ class Settlement:
     action: Action
     outcome: str
     visibility_s: int = 0
-
-
-@dataclass(frozen=True)
-class Poison:
-    code: str
-    detail: str
-    workflow_id: str | None = None
-
-    @property
-    def reason(self) -> str:
-        return f"{self.code}: {self.detail}"
 
 
 @dataclass
@@ -178,43 +164,8 @@ class PhaseTransition:
     # -- 1. parse -----------------------------------------------------------------------------
 
     def parse(self, message: Received) -> tuple[Envelope, Workflow] | Poison:
-        size = len(message.body.encode())
-        if size > self.config.max_message_bytes:
-            return Poison("oversized", f"{size} bytes > limit {self.config.max_message_bytes}")
-        try:
-            raw = json.loads(message.body)
-        except ValueError:
-            return Poison("not_json", "body is not valid JSON")
-        except RecursionError:  # the parser's own limit: deeper than anything we store
-            return Poison("too_deep", "body nests JSON deeper than the parser allows")
-        try:
-            envelope = Envelope.model_validate(raw)
-        except ValidationError as exc:
-            # Field names and error types only: pydantic's input echo may hold payload data.
-            # An unknown field's name is the producer's text: named only as "<unknown>".
-            fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
-                             else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
-            kinds = sorted({e["type"] for e in exc.errors()})
-            wid = raw.get("workflow_id") if isinstance(raw, dict) else None
-            return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                          wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.match(wid)
-                          else None)
-        workflow = self.registry.get(envelope.workflow)
-        if workflow is None:
-            return Poison("unknown_workflow",
-                          f"no loaded workflow has that name (loaded: {self.registry.names()})",
-                          envelope.workflow_id)
-        if envelope.phase is not None and workflow.get_phase(envelope.phase) is None:
-            return Poison("unknown_phase", f"workflow {workflow.name} has no such phase "
-                          f"(phases: {[p.name for p in workflow.phases]})", envelope.workflow_id)
-        unroutable = residency.unroutable(self.store, envelope)
-        if unroutable is not None:  # refused before anything is written anywhere
-            return Poison("unknown_region", unroutable, envelope.workflow_id)
-        refused = group_mismatch(message, envelope) or (
-            refused_start(envelope, workflow) if envelope.kind == "start" else None)
-        if refused is not None:  # before any row is written: nothing is left `running`
-            return Poison(*refused, envelope.workflow_id)
-        return envelope, workflow
+        return parse(message, max_message_bytes=self.config.max_message_bytes,
+                     registry=self.registry, store=self.store)
 
     # -- 2. check -----------------------------------------------------------------------------
 
