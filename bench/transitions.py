@@ -96,6 +96,7 @@ class Env:
     moto_endpoint: str | None = None
     proxy: RoundTripProxy | None = None  # set during the round-trip counting pass
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
 
 
 # -- queues -------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
         settings = Settings(
             concurrency=CONCURRENCY, wait_time_s=wait_time_for(workload.backend),
             visibility_timeout_s=30, heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
-            worker_id="bench", db_pool_max=CONCURRENCY)
+            worker_id="bench", db_pool_max=CONCURRENCY, continuation=env.continuation)
         worker = stopping_worker(settings, workflow, workload.groups, queue=queue, dlq=dlq,
                                  store=store)
         calls_before = queue.calls + dlq.calls
@@ -525,12 +526,12 @@ def workloads_for(quick: bool, backends: list[str]) -> list[Workload]:
 async def bench(*, quick: bool, backends: list[str], repeats: int, process_repeats: int,
                 skip_processes: bool = False, server_dsn: str | None = None,
                 workloads: list[Workload] | None = None, private_server: bool = False,
-                old_floor: bool = False) -> dict[str, Any]:
+                old_floor: bool = False, continuation: bool = True) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server).start()
-    env = Env(databases)
+    env = Env(databases, continuation=continuation)
     try:
         with moto_server() as endpoint:
             env.moto_endpoint = endpoint
@@ -555,6 +556,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
         return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick,
                 "private_server": databases.private, "load": os.getloadavg(),
                 "repeats": repeats, "process_repeats": process_repeats,
+                "continuation": continuation,
                 "concurrency": CONCURRENCY, "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
@@ -575,6 +577,8 @@ def main() -> None:
                         "private cluster (WAL figures then include other clients' writes)")
     parser.add_argument("--old-floor", action="store_true",
                         help="also run the old floor (16 pollers whatever the groups)")
+    parser.add_argument("--continuation", choices=("on", "off"), default="on",
+                        help="phasegate's local continuation (PHASEGATE_CONTINUATION)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -583,7 +587,8 @@ def main() -> None:
                                repeats=repeats, process_repeats=process_repeats,
                                skip_processes=args.skip_processes,
                                private_server=not args.shared_server,
-                               old_floor=args.old_floor))
+                               old_floor=args.old_floor,
+                               continuation=args.continuation == "on"))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"

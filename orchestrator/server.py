@@ -154,7 +154,8 @@ class Orchestrator:
                                         after_s=settings.relay_after_s,
                                         interval_s=settings.relay_interval_s,
                                         batch=settings.relay_batch,
-                                        stall_after_s=settings.relay_stall_after_s)
+                                        stall_after_s=settings.relay_stall_after_s,
+                                        claim_ttl_s=settings.relay_claim_ttl_s)
                     tasks["relay"] = self._relay.run
                     for region, regional in sorted((router.stores if router else {}).items()):
                         if region == DEFAULT_REGION:
@@ -163,7 +164,8 @@ class Orchestrator:
                                       after_s=settings.relay_after_s,
                                       interval_s=settings.relay_interval_s,
                                       batch=settings.relay_batch,
-                                      stall_after_s=settings.relay_stall_after_s)
+                                      stall_after_s=settings.relay_stall_after_s,
+                                      claim_ttl_s=settings.relay_claim_ttl_s)
                         self._regional_relays.append(relay)
                         tasks[f"relay-{region}"] = relay.run
                 # The DLQ shares the work queue's client (one connection pool, one identity).

@@ -112,6 +112,7 @@ def worker(concurrency: int | None, workflow_modules: str | None) -> None:
 @main.command()
 def relay() -> None:
     """Send outbox rows that workers committed but did not send, until SIGTERM."""
+    from phasegate.faults import Faults
     from phasegate.orchestrator.relay import Relay
     from phasegate.queue import SqsQueue
     from phasegate.store import Store
@@ -127,7 +128,9 @@ def relay() -> None:
                 holder["relay"] = Relay(
                     store=Store(pool), queue=queue, after_s=settings.relay_after_s,
                     interval_s=settings.relay_interval_s, batch=settings.relay_batch,
-                    stall_after_s=settings.relay_stall_after_s)
+                    stall_after_s=settings.relay_stall_after_s,
+                    claim_ttl_s=settings.relay_claim_ttl_s,
+                    faults=Faults(settings.faults, settings.fault_seed))
                 await holder["relay"].run()
         finally:
             await pool.close()

@@ -113,6 +113,16 @@ class Settings(BaseSettings):
     relay_batch: int = Field(default=100, ge=1, le=10_000)
     # A run idle this long although its next message was sent: that message is resent.
     relay_stall_after_s: float = Field(default=300.0, gt=0)
+    # How long a relay's claim on the rows it is sending lasts: a relay that dies mid-send
+    # leaves them to another relay after this. Longer than one SendMessageBatch can take.
+    relay_claim_ttl_s: float = Field(default=30.0, gt=0)
+
+    # -- local continuation (worker/continuation.py): after committing a phase, run the next
+    # one in the same worker with the state in memory, at most this many hops / seconds per
+    # received message before handing the run back to the queue.
+    continuation: bool = True
+    continuation_max_hops: int = Field(default=16, ge=1)
+    continuation_max_s: float = Field(default=30.0, gt=0)
 
     # -- observability
     metrics_host: str = "0.0.0.0"

@@ -18,7 +18,7 @@ from phasegate.db import create_pool
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
 from phasegate.sql import queries
 
-__all__ = ["OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
+__all__ = ["Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
 
 
 class StoreError(Exception):
@@ -57,6 +57,16 @@ class OutboxRow:
     group_id: str
     body: str
     sent_at: datetime | None = None
+    # A live lease (database time): a continuing worker or a relay takes care of the row.
+    leased: bool = False
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds an outbox row and for how long from now (database time)."""
+
+    holder: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -137,12 +147,16 @@ class Store:
             classification=row["classification"], region=row["region"],
             signal_json=row["signal"])
 
-    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
+                           lease: Lease | None = None, consumed: int | None = None
                            ) -> tuple[datetime, int | None] | None:
         """Run the one commit statement. None when the run was no longer at this seq.
 
         ``successor_body``: the successor's JSON when the caller already encoded it (the
-        worker sends the same string after the commit: one encoding per transition)."""
+        worker sends the same string after the commit: one encoding per transition).
+        ``lease``: write the successor leased (local continuation runs it; nobody sends it
+        while the lease lives). ``consumed``: the outbox id of the row that would have woken
+        this phase, never sent because the phase ran locally: marked sent by this commit."""
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
@@ -154,7 +168,8 @@ class Store:
             successor.dedup_id if successor else None,
             successor.group_id if successor else None, successor_body,
             commit.outcome, commit.rerun_of, commit.error, commit.review_json,
-            commit.wait_s, commit.wait_until, commit.wait_signal)
+            commit.wait_s, commit.wait_until, commit.wait_signal,
+            lease.holder if lease else None, lease.seconds if lease else 0.0, consumed)
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]
@@ -185,6 +200,24 @@ class Store:
     async def mark_sent(self, outbox_ids: Sequence[int]) -> None:
         if outbox_ids:
             await self.pool.execute(self._q["mark_sent"], list(outbox_ids))
+
+    async def claim_unsent(self, after_s: float, limit: int, lease: Lease) -> list[OutboxRow]:
+        """Claim due rows for sending (committed: see ``claim_unsent`` in queries.sql)."""
+        rows = await self.pool.fetch(self._q["claim_unsent"], after_s, limit, lease.holder,
+                                     lease.seconds)
+        return [OutboxRow(**dict(row)) for row in rows]
+
+    async def extend_leases(self, outbox_ids: Sequence[int], lease: Lease) -> set[int]:
+        """Extend ``lease.holder``'s leases; returns the ids still held."""
+        if not outbox_ids:
+            return set()
+        rows = await self.pool.fetch(self._q["extend_leases"], list(outbox_ids), lease.holder,
+                                     lease.seconds)
+        return {row["outbox_id"] for row in rows}
+
+    async def release_leases(self, outbox_ids: Sequence[int], holder: str) -> None:
+        if outbox_ids:
+            await self.pool.execute(self._q["release_leases"], list(outbox_ids), holder)
 
     async def outbox_lag_s(self) -> float:
         return float(await self.pool.fetchval(self._q["outbox_lag"]))

@@ -80,7 +80,8 @@ LEFT JOIN LATERAL (
 -- seconds or a moment, and a signal's name. The successor's row is then due at that time
 -- (database time) and the run is `waiting`; a signal already kept for the run is matched
 -- here (it makes the row due now). outbox_id comes back only for a row due now: the worker
--- sends those, the relay sends the others when they fall due.
+-- sends those, the relay sends the others when they fall due. $25-$27: local continuation's
+-- leases (null/0/null without it; never together with a wait, worker/continuation.py).
 WITH kept AS (
     SELECT min(signal_id) AS signal_id FROM signals
      WHERE $24::text IS NOT NULL AND workflow_id = $1 AND name = $24 AND consumed_seq IS NULL
@@ -113,10 +114,18 @@ WITH kept AS (
        AND (SELECT at FROM due) IS NOT NULL
     RETURNING signal_id
 ), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at)
-    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, (SELECT at FROM due)
+    -- $25: a worker that continues the run itself (worker/continuation.py) writes the
+    -- successor leased to itself for $26 seconds; nobody sends it while the lease is live.
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at,
+                        lease_holder, lease_until)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, (SELECT at FROM due), $25::text,
+           CASE WHEN $25::text IS NOT NULL THEN now() + make_interval(secs => $26::float8) END
       FROM run WHERE $15::text IS NOT NULL
     RETURNING outbox_id, due_at
+), consumed AS (
+    -- $27: a continued hop's own row, never sent (the hop ran locally): spent by this commit.
+    UPDATE outbox SET sent_at = now()
+     WHERE outbox_id = $27::bigint AND sent_at IS NULL AND EXISTS (SELECT 1 FROM run)
 )
 SELECT (SELECT created_at FROM cp) AS committed_at,
        (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
@@ -140,11 +149,13 @@ UPDATE workflow_runs
 RETURNING workflow_id;
 
 -- name: successor
--- The message a committed seq left behind (the newest, if a retry wrote another).
--- A row not due yet (a wait, 0010) is left to the relay: a late duplicate of the waiting
--- phase's message must not send it early.
-SELECT outbox_id, dedup_id, group_id, body, sent_at
-  FROM (SELECT outbox_id, dedup_id, group_id, body, sent_at, due_at
+-- The message a committed seq left behind (the newest, if a retry wrote another), and whether
+-- a live lease says someone else takes care of it (database time). A row not due yet (a wait,
+-- 0010) is left to the relay: a late duplicate of the waiting phase's message must not send
+-- it early.
+SELECT outbox_id, dedup_id, group_id, body, sent_at, leased
+  FROM (SELECT outbox_id, dedup_id, group_id, body, sent_at, due_at,
+               coalesce(lease_until > now(), false) AS leased
           FROM outbox
          WHERE workflow_id = $1 AND branch = $2 AND seq = $3
          ORDER BY outbox_id DESC
@@ -155,16 +166,44 @@ SELECT outbox_id, dedup_id, group_id, body, sent_at
 UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
 
 -- name: claim_unsent
--- Relay: rows still unsent some seconds after commit, and rows of a wait (0010) as soon as
--- they are due (database time). SKIP LOCKED lets several relays share the work without
--- sending a row twice at once.
-SELECT outbox_id, dedup_id, group_id, body
-  FROM outbox
- WHERE sent_at IS NULL
-   AND (due_at <= now() OR (due_at IS NULL AND created_at < now() - make_interval(secs => $1)))
- ORDER BY outbox_id
- LIMIT $2
- FOR UPDATE SKIP LOCKED;
+-- Relay: claim the rows that are due, in one short statement that commits before anything is
+-- sent (no transaction or row lock held across the SQS call; fine behind PgBouncer in
+-- transaction mode). Due: unsent, no live lease, and either a wait's due time (0010) has
+-- come, or the lease expired (a worker's chain died: send at once), or, never leased and
+-- never deferred, it was committed $1 seconds ago (database time). The claim is itself a
+-- lease ($3 = the relay's id, $4 seconds): a relay that dies mid-send leaves its rows to
+-- another relay once the claim expires. SKIP LOCKED lets relays racing for the same rows
+-- split them.
+WITH due AS (
+    SELECT outbox_id
+      FROM outbox
+     WHERE sent_at IS NULL
+       AND (lease_until IS NULL OR lease_until <= now())
+       AND (due_at <= now()
+            OR (due_at IS NULL
+                AND coalesce(lease_until, created_at + make_interval(secs => $1)) <= now()))
+     ORDER BY outbox_id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+   SET lease_holder = $3, lease_until = now() + make_interval(secs => $4)
+  FROM due
+ WHERE o.outbox_id = due.outbox_id
+RETURNING o.outbox_id, o.dedup_id, o.group_id, o.body;
+
+-- name: extend_leases
+-- A worker's heartbeat: its chains' leased rows ($1) live $3 seconds more. Only rows still
+-- leased to it ($2) and unsent: a lease that expired and was claimed by a relay stays lost.
+UPDATE outbox SET lease_until = now() + make_interval(secs => $3)
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL
+RETURNING outbox_id;
+
+-- name: release_leases
+-- Give up leases ($2's) on rows that stay unsent: the relay sends them on its next rounds
+-- (a failed relay send, a continued hop that will be retried).
+UPDATE outbox SET lease_holder = NULL, lease_until = NULL
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL;
 
 -- name: requeue_stalled
 -- Relay: a run that has not moved for $1 seconds although the message that wakes it was sent
@@ -192,10 +231,12 @@ RETURNING outbox.workflow_id;
 
 -- name: outbox_lag
 -- Age of the oldest unsent outbox row, in seconds (0 when none); a wait's row counts from
--- its due time, and not at all before it.
+-- its due time, and not at all before it. A row under a live lease is being taken care of
+-- (a continued chain, a relay mid-send).
 SELECT coalesce(extract(epoch FROM now() - min(coalesce(due_at, created_at))), 0)::float8
        AS lag_s
-  FROM outbox WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now());
+  FROM outbox WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now())
+   AND (lease_until IS NULL OR lease_until <= now());
 
 -- name: quarantine
 INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
