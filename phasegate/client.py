@@ -106,6 +106,10 @@ class Run:
     finished_at: datetime | None
     classification: str = "internal"
     region: str | None = None
+    # A `waiting` run: when its next phase becomes deliverable (database time), and the
+    # signal it waits for (None: a timer).
+    due_at: datetime | None = None
+    waiting_for: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -121,7 +125,7 @@ class Run:
     def from_json(cls, body: dict[str, Any]) -> Run:
         known = {f.name for f in fields(cls)} - {"extra"}
         values: dict[str, Any] = {k: body.get(k) for k in known}
-        for name in ("created_at", "updated_at", "finished_at"):
+        for name in ("created_at", "updated_at", "finished_at", "due_at"):
             values[name] = _time(body.get(name))
         values["attempts"] = int(body.get("attempts") or 0)
         values["classification"] = body.get("classification") or "internal"
@@ -133,6 +137,29 @@ class Run:
 class RunPage:
     runs: list[Run]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """What a signal did: ``delivered`` (it ended the run's wait for its name), ``duplicate``
+    (its idempotency key was seen before: nothing changed), neither (kept until the run waits
+    for it); ``sent`` False means the relay sends the woken run's message."""
+
+    workflow_id: str
+    name: str
+    signal_id: int
+    delivered: bool
+    duplicate: bool
+    sent: bool
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SignalSent:
+        return cls(body["workflow_id"], body["name"], int(body["signal_id"]),
+                   bool(body["delivered"]), bool(body["duplicate"]), bool(body["sent"]))
+
+
+def _signal_body(payload: Any, idempotency_key: str | None) -> dict[str, Any]:
+    return {"payload": payload, "idempotency_key": idempotency_key}
 
 
 @dataclass(frozen=True)
@@ -289,6 +316,14 @@ class Client:
     def reject(self, workflow_id: str, reason: str | None = None) -> ActionResult:
         return self._act("reject", workflow_id, reason)
 
+    def signal(self, workflow_id: str, name: str, payload: Any = None, *,
+               idempotency_key: str | None = None) -> SignalSent:
+        """Send signal ``name`` with a JSON ``payload`` (operator role): it ends the run's
+        ``ctx.wait_for_signal(name)`` or is kept until one; the same key is delivered once."""
+        body = self._call("POST", _path(workflow_id, "signals", quote(name, safe="")),
+                          json=_signal_body(payload, idempotency_key))
+        return SignalSent.from_json(body)
+
 
 class AsyncClient:
     """The asyncio client: the same methods as ``Client``, as coroutines."""
@@ -371,7 +406,15 @@ class AsyncClient:
     async def reject(self, workflow_id: str, reason: str | None = None) -> ActionResult:
         return await self._act("reject", workflow_id, reason)
 
+    async def signal(self, workflow_id: str, name: str, payload: Any = None, *,
+                     idempotency_key: str | None = None) -> SignalSent:
+        """Send signal ``name`` with a JSON ``payload`` (see ``Client.signal``)."""
+        body = await self._call("POST", _path(workflow_id, "signals", quote(name, safe="")),
+                                json=_signal_body(payload, idempotency_key))
+        return SignalSent.from_json(body)
+
 
 __all__ = ["ActionResult", "ApiError", "AsyncClient", "Client", "Conflict", "Forbidden",
-           "InvalidRequest", "NotFound", "Run", "RunPage", "Unauthenticated", "Unavailable",
+           "InvalidRequest", "NotFound", "Run", "RunPage", "SignalSent", "Unauthenticated",
+           "Unavailable",
            "WaitTimeout", "token_from_environment"]

@@ -42,9 +42,10 @@ from tests.helpers import (
 )
 from tests.integration.test_docs_examples import load_example
 from tests.workflows_console import review
+from tests.workflows_waits import signalled
 
 ORDERS = load_example("orders").orders
-REGISTRY = Registry([workflows.chain, workflows.gated, review, ORDERS])
+REGISTRY = Registry([workflows.chain, workflows.gated, review, ORDERS, signalled])
 
 
 @dataclass
@@ -134,6 +135,33 @@ async def test_review_approve_reject_and_wait_timeout(stack: Stack) -> None:
     last_seen, now = await asyncio.to_thread(sync_part)
     assert last_seen in ("pending", "running") and now == "cancelled"
     await fetch(stack.dsn, "INSERT INTO test_gates (name) VALUES ('g-sync')")
+
+
+async def test_signal_ends_a_wait_once_and_unknown_runs_are_typed(stack: Stack) -> None:
+    async with AsyncClient(stack.url, token=stack.tokens["otto"]) as api:
+        await api.start("signalled", {"timeout_s": 600}, workflow_id="sg-1")
+        async def is_waiting() -> bool:
+            return (await api.get("sg-1")).status == "waiting"
+
+        await wait_for(is_waiting, timeout=60, what="the run to wait for its signal")
+        waiting = await api.get("sg-1")
+        assert waiting.waiting_for == "approval" and waiting.due_at is not None
+        sent = await api.signal("sg-1", "approval", {"ok": True}, idempotency_key="k-1")
+        assert sent.delivered and not sent.duplicate and sent.name == "approval"
+        again = await api.signal("sg-1", "approval", {"ok": False}, idempotency_key="k-1")
+        assert again.duplicate and again.signal_id == sent.signal_id  # the first one, once
+        done = await api.wait("sg-1", timeout=60)
+        assert done.status == "completed"
+        with pytest.raises(NotFound):
+            await api.signal("no-such-run", "approval", {})
+        with pytest.raises(Conflict):
+            await api.signal("sg-1", "approval", {})
+    async with AsyncClient(stack.url, token=stack.tokens["val"]) as viewer:
+        with pytest.raises(Forbidden):
+            await viewer.signal("sg-1", "approval", {})
+    state = await fetchval(stack.dsn, "SELECT state FROM checkpoints WHERE workflow_id = "
+                           "'sg-1' AND phase = 'act' AND kind = 'phase'")
+    assert json.loads(state)["signal"] == {"ok": True}
 
 
 async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
