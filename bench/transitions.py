@@ -95,6 +95,8 @@ class Env:
     databases: Databases
     moto_endpoint: str | None = None
     proxy: RoundTripProxy | None = None  # set during the round-trip counting pass
+    # Group commit window of phasegate's store (PHASEGATE_COMMIT_BATCH_WINDOW_MS; 0 = off).
+    commit_window_ms: float = Settings.model_fields["commit_batch_window_ms"].default
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -121,7 +123,7 @@ def wait_time_for(backend: str) -> int:
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
     pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
-    store = Store(pool)
+    store = Store(pool, commit_window_s=env.commit_window_ms / 1000)
     manager = None
     queue: Any
     dlq: Any
@@ -525,12 +527,15 @@ def workloads_for(quick: bool, backends: list[str]) -> list[Workload]:
 async def bench(*, quick: bool, backends: list[str], repeats: int, process_repeats: int,
                 skip_processes: bool = False, server_dsn: str | None = None,
                 workloads: list[Workload] | None = None, private_server: bool = False,
-                old_floor: bool = False) -> dict[str, Any]:
+                old_floor: bool = False, commit_window_ms: float | None = None
+                ) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server).start()
     env = Env(databases)
+    if commit_window_ms is not None:
+        env.commit_window_ms = commit_window_ms
     try:
         with moto_server() as endpoint:
             env.moto_endpoint = endpoint
@@ -555,7 +560,8 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
         return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick,
                 "private_server": databases.private, "load": os.getloadavg(),
                 "repeats": repeats, "process_repeats": process_repeats,
-                "concurrency": CONCURRENCY, "machine": machine(),
+                "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
+                "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
         await databases.stop()
@@ -575,6 +581,9 @@ def main() -> None:
                         "private cluster (WAL figures then include other clients' writes)")
     parser.add_argument("--old-floor", action="store_true",
                         help="also run the old floor (16 pollers whatever the groups)")
+    parser.add_argument("--commit-window-ms", type=float, default=None,
+                        help="phasegate's group commit window (default: the setting's "
+                        "default; 0 = group commit off)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -583,7 +592,8 @@ def main() -> None:
                                repeats=repeats, process_repeats=process_repeats,
                                skip_processes=args.skip_processes,
                                private_server=not args.shared_server,
-                               old_floor=args.old_floor))
+                               old_floor=args.old_floor,
+                               commit_window_ms=args.commit_window_ms))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"

@@ -16,6 +16,7 @@ import asyncpg
 
 from phasegate.db import create_pool
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
+from phasegate.group_commit import GroupCommit
 from phasegate.sql import queries
 
 __all__ = ["OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
@@ -86,9 +87,15 @@ class PhaseCommit:
 class Store:
     """Typed access to the phasegate tables over an asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, commit_window_s: float = 0.0) -> None:
         self.pool = pool
         self._q = queries()
+        # PHASEGATE_COMMIT_BATCH_WINDOW_MS: concurrent commits share a statement (0: off).
+        self.group_commit: GroupCommit | None = None
+        if commit_window_s > 0:
+            self.group_commit = GroupCommit(
+                pool, single_sql=self._q["commit_phase"], batch_sql=self._q["commit_phases"],
+                window_s=commit_window_s)
 
     async def ping(self) -> None:
         await self.pool.fetchval(queries("schema.sql")["ping"])
@@ -130,21 +137,25 @@ class Store:
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
                            ) -> tuple[datetime, int | None] | None:
-        """Run the one commit statement. None when the run was no longer at this seq.
+        """Run the one commit statement (shared with concurrent commits under group commit,
+        phasegate/group_commit.py). None when the run was no longer at this seq.
 
         ``successor_body``: the successor's JSON when the caller already encoded it (the
         worker sends the same string after the commit: one encoding per transition)."""
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
-        row = await self.pool.fetchrow(
-            self._q["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
-            commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
-            commit.next_phase, commit.status, commit.tier, commit.tier_label,
-            commit.resource_versions_json, commit.worker_id, commit.trace_id,
-            successor.dedup_id if successor else None,
-            successor.group_id if successor else None, successor_body,
-            commit.outcome, commit.rerun_of, commit.error, commit.review_json)
+        args = (commit.workflow_id, commit.branch, commit.seq,
+                commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
+                commit.next_phase, commit.status, commit.tier, commit.tier_label,
+                commit.resource_versions_json, commit.worker_id, commit.trace_id,
+                successor.dedup_id if successor else None,
+                successor.group_id if successor else None, successor_body,
+                commit.outcome, commit.rerun_of, commit.error, commit.review_json)
+        if self.group_commit is not None:
+            row = await self.group_commit.commit(args)
+        else:
+            row = await self.pool.fetchrow(self._q["commit_phase"], *args)
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]

@@ -89,6 +89,52 @@ WITH run AS (
 )
 SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
 
+-- name: commit_phases
+-- Group commit (phasegate/group_commit.py): commit_phase for many runs in ONE statement. $1-$21
+-- are arrays of commit_phase's arguments, one element per commit. Each row's condition is
+-- checked on its own: a stale commit (run moved on, or not running) only loses its own row.
+-- Two commits of one run and seq in a batch (a duplicate delivery) update the run once; the
+-- one whose ordinal the UPDATE returns wins, and only its checkpoint and outbox row are
+-- written. Returns one row per winning commit: its ordinal (1-based), commit time, outbox id.
+WITH batch AS (
+    SELECT *
+      FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::integer[],
+                  $6::text[], $7::text[], $8::text[], $9::text[], $10::integer[], $11::text[],
+                  $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
+                  $18::text[], $19::integer[], $20::text[], $21::text[])
+           WITH ORDINALITY AS b(workflow_id, branch, seq, phase, schema_version, state,
+                                state_hash, next_phase, status, tier, tier_label,
+                                resource_versions, worker_id, trace_id, dedup_id, group_id,
+                                body, outcome, rerun_of, error, review, i)
+), run AS (
+    UPDATE workflow_runs r
+       SET next_seq = b.seq + 1, current_phase = b.next_phase, status = b.status, attempts = 0,
+           error = b.error, tier = b.tier, tier_label = b.tier_label,
+           review = coalesce(b.review::jsonb, r.review),
+           updated_at = now(), finished_at = CASE WHEN b.status = 'completed' THEN now() END
+      FROM batch b
+     WHERE r.workflow_id = b.workflow_id AND r.next_seq = b.seq AND r.status = 'running'
+    RETURNING b.i
+), won AS (
+    SELECT b.* FROM batch b JOIN run ON run.i = b.i
+), cp AS (
+    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, branch, seq, phase, 'phase', schema_version, state::jsonb, state_hash,
+           tier, tier_label, resource_versions::jsonb, worker_id, trace_id, outcome, rerun_of
+      FROM won
+    RETURNING workflow_id, created_at
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, branch, seq + 1, dedup_id, group_id, body
+      FROM won WHERE dedup_id IS NOT NULL
+    RETURNING workflow_id, outbox_id
+)
+SELECT won.i, cp.created_at AS committed_at, ob.outbox_id
+  FROM won JOIN cp ON cp.workflow_id = won.workflow_id
+  LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
+
 -- name: record_failure
 -- A phase raised: count the attempt; at the limit the run is failed with the error kept.
 UPDATE workflow_runs
