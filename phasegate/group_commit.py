@@ -73,13 +73,6 @@ class GroupCommit:
         # statement its commit is part of, like a shielded single commit.
         return await asyncio.shield(future)
 
-    async def close(self) -> None:
-        """Send what is queued and wait for every statement in flight."""
-        while self._pending or self._flushes:
-            self._start_flush()
-            if self._flushes:
-                await asyncio.gather(*self._flushes, return_exceptions=True)
-
     def _start_flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -89,8 +82,9 @@ class GroupCommit:
         if not batch:
             return
         self._in_flight += 1
-        # Not a fire-and-forget task: it settles every future of its batch whatever happens
-        # (the callers await them), and close() waits for it.
+        # Not a fire-and-forget task: it settles every future of its batch whatever happens,
+        # and every caller awaits its future, so nothing it does goes unseen. A stopping worker
+        # drains its transitions first, so no flush outlives them.
         task = asyncio.get_running_loop().create_task(self._flush(batch))
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)

@@ -233,3 +233,35 @@ def test_a_window_of_zero_is_not_a_group_commit():
     with pytest.raises(ValueError, match="window"):
         GroupCommit(None, single_sql="", batch_sql="", window_s=0)  # type: ignore[arg-type]
 
+
+
+async def test_a_lost_connection_fails_every_commit_of_the_statement(database_url, db_route):
+    """The server ends the connection under a grouped statement: each of its commits gets the
+    error (as a single commit would), none is retried alone, and nothing is half-written."""
+    if db_route == "pgbouncer":
+        pytest.skip("terminates the server backend directly; PgBouncer would hide which")
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_gc_head", "wf_gc_l1", "wf_gc_l2", "wf_gc_l3")
+        group = store.group_commit
+        assert group is not None
+        async with held(database_url, "wf_gc_l2"):
+            async with held(database_url, "wf_gc_head"):
+                head = submitted(store, [commit_of("wf_gc_head")])
+                await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                               what="the head commit waiting on the held row")
+                batch = submitted(store, [commit_of(run) for run in
+                                          ("wf_gc_l1", "wf_gc_l2", "wf_gc_l3")])
+                await until_queued(store, 3)
+            assert await head[0] is not None
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the grouped statement waiting on the held row")
+            await fetchval(database_url, "SELECT pg_terminate_backend(pid) FROM "
+                           "pg_stat_activity WHERE datname = current_database() AND "
+                           "wait_event_type = 'Lock'")
+            results = await asyncio.gather(*batch, return_exceptions=True)
+    assert all(isinstance(r, (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                              asyncpg.exceptions.OperatorInterventionError, OSError))
+               for r in results), results
+    assert group.statements == 0
+    for run in ("wf_gc_l1", "wf_gc_l2", "wf_gc_l3"):
+        assert await checkpoints_of(database_url, run) == []
