@@ -103,7 +103,7 @@ async def soak_once(databases: Databases, route: str, *, runs: int, workers: int
             urls = await create_fifo_queue_pair(client, f"soak{uuid.uuid4().hex[:8]}",
                                                 visibility_timeout_s=VISIBILITY_S)
         env = _env(dsn, urls, moto.url, downstream.url, concurrency)
-        fleet = Fleet(env=env, log_dir=log_dir, kill_points=[], seed=0, armed=False)
+        fleet = Fleet(env=env, log_dir=log_dir, kill_points=[], seed=0)
         for slot in range(workers):
             fleet.start_worker(slot, arm=False)
         orchestrator = _orchestrator(env, log_dir)
