@@ -71,7 +71,11 @@ class GroupCommit:
             self._timer = loop.call_later(self._window_s, self._start_flush)
         # The flush owns the outcome: a cancelled caller (shutdown) does not cancel the
         # statement its commit is part of, like a shielded single commit.
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_retrieved)  # nobody awaits it any more: no stray log
+            raise
 
     def _start_flush(self) -> None:
         if self._timer is not None:
@@ -129,3 +133,8 @@ class GroupCommit:
         self.statements += 1
         won = {order[row["i"] - 1]: row for row in rows}
         return [won.get(i) for i in range(len(batch))]
+
+
+def _retrieved(future: asyncio.Future[Result]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -265,3 +265,25 @@ async def test_a_lost_connection_fails_every_commit_of_the_statement(database_ur
     assert group.statements == 0
     for run in ("wf_gc_l1", "wf_gc_l2", "wf_gc_l3"):
         assert await checkpoints_of(database_url, run) == []
+
+
+async def test_a_cancelled_caller_does_not_cancel_its_commit(database_url):
+    """Shutdown cancels a waiting caller: its commit still goes out with the statement (like
+    a shielded single commit), so a commit is never half-decided by a cancel."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_gc_head", "wf_gc_cancelled")
+        async with held(database_url, "wf_gc_head"):
+            head = submitted(store, [commit_of("wf_gc_head")])
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head commit waiting on the held row")
+            (caller,) = submitted(store, [commit_of("wf_gc_cancelled")])
+            await until_queued(store, 1)
+            caller.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+        assert await head[0] is not None
+
+        async def landed() -> bool:
+            return await checkpoints_of(database_url, "wf_gc_cancelled") == [0]
+
+        await wait_for(landed, timeout=30, what="the cancelled caller's commit written")
