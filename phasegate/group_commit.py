@@ -110,7 +110,9 @@ class GroupCommit:
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():
                 continue
-            if isinstance(result, BaseException):
+            if isinstance(result, asyncio.CancelledError):  # the loop is going away
+                future.cancel()
+            elif isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
