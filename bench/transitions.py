@@ -99,6 +99,7 @@ class Env:
     proxy: RoundTripProxy | None = None  # set during the round-trip counting pass
     # Group commit window of phasegate's store (PHASEGATE_COMMIT_BATCH_WINDOW_MS; 0 = off).
     commit_window_ms: float = Settings.model_fields["commit_batch_window_ms"].default
+    load_window_ms: float = Settings.model_fields["load_batch_window_ms"].default
 
     def endpoint(self, backend: str) -> str:
         found = self.localstack_endpoint if backend == "localstack" else self.moto_endpoint
@@ -131,7 +132,8 @@ def wait_time_for(backend: str) -> int:
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
     pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
-    store = Store(pool, commit_window_s=env.commit_window_ms / 1000)
+    store = Store(pool, commit_window_s=env.commit_window_ms / 1000,
+                  load_window_s=env.load_window_ms / 1000)
     manager = None
     queue: Any
     dlq: Any
@@ -539,7 +541,8 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 workloads: list[Workload] | None = None, private_server: bool = False,
                 old_floor: bool = False, commit_window_ms: float | None = None,
                 localstack_endpoint: str | None = None,
-                phases: dict[int, int] | None = None) -> dict[str, Any]:
+                phases: dict[int, int] | None = None,
+                load_window_ms: float | None = None) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
@@ -548,6 +551,8 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
     env.localstack_endpoint = localstack_endpoint
+    if load_window_ms is not None:
+        env.load_window_ms = load_window_ms
     try:
         with moto_server() as endpoint:
             env.moto_endpoint = endpoint
@@ -573,6 +578,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "private_server": databases.private, "load": os.getloadavg(),
                 "repeats": repeats, "process_repeats": process_repeats,
                 "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
+                "load_window_ms": env.load_window_ms,
                 "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
@@ -596,6 +602,9 @@ def main() -> None:
     parser.add_argument("--commit-window-ms", type=float, default=None,
                         help="phasegate's group commit window (default: the setting's "
                         "default; 0 = group commit off)")
+    parser.add_argument("--load-window-ms", type=float, default=None,
+                        help="phasegate's group load window (default: the setting's default; "
+                        "0 = group load off)")
     parser.add_argument("--localstack-endpoint",
                         default=os.environ.get("PHASEGATE_BENCH_LOCALSTACK_URL"),
                         help="a running LocalStack (localstack/run-without-docker.sh) for the "
@@ -614,7 +623,8 @@ def main() -> None:
                                old_floor=args.old_floor,
                                commit_window_ms=args.commit_window_ms,
                                localstack_endpoint=args.localstack_endpoint,
-                               phases=_phases(args.phases)))
+                               phases=_phases(args.phases),
+                               load_window_ms=args.load_window_ms))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"

@@ -1,5 +1,8 @@
 """Group commit: concurrent phase commits of one process share one statement.
 
+The same machinery groups the check before the phase (``load_for_phase``, "group load"):
+concurrent loads of a worker share one multi-row read.
+
 Every commit is one round trip and one transaction (with ``synchronous_commit`` on, one WAL
 flush). When several transitions of a worker commit at the same moment, they are sent as
 ONE multi-row statement (``commit_phases`` in sql/queries.sql) in which each row's condition
@@ -43,10 +46,11 @@ Result: TypeAlias = "asyncpg.Record | None"
 
 
 class GroupCommit:
-    """Batches ``commit_phase`` calls over one pool; see the module docstring."""
+    """Batches calls of one single-row statement (``commit_phase``, ``load_for_phase``) into
+    its multi-row form over one pool; see the module docstring."""
 
     def __init__(self, pool: asyncpg.Pool, *, single_sql: str, batch_sql: str,
-                 window_s: float, max_batch: int = MAX_BATCH) -> None:
+                 window_s: float, max_batch: int = MAX_BATCH, name: str = "commit") -> None:
         if window_s <= 0:
             raise ValueError("a group commit needs a window above 0 (0 turns it off)")
         self._pool = pool
@@ -54,6 +58,8 @@ class GroupCommit:
         self._batch_sql = batch_sql
         self._window_s = window_s
         self._max_batch = max_batch
+        self._size = metrics.GROUP_COMMIT_SIZE.labels(statement=name)
+        self._fallbacks = metrics.GROUP_COMMIT_FALLBACKS.labels(statement=name)
         self._pending: list[tuple[Args, asyncio.Future[Result]]] = []
         self._in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -61,7 +67,8 @@ class GroupCommit:
         self.statements = 0  # multi-row statements sent (tests and bench read it)
 
     async def commit(self, args: Args) -> Result:
-        """Commit one phase (the single-row statement's arguments); its row or None."""
+        """Run one call (the single-row statement's arguments) in the next statement; its row,
+        or None (a commit superseded, a run that does not exist)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._pending.append((args, future))
@@ -94,7 +101,7 @@ class GroupCommit:
         task.add_done_callback(self._flushes.discard)
 
     async def _flush(self, batch: list[tuple[Args, asyncio.Future[Result]]]) -> None:
-        metrics.GROUP_COMMIT_SIZE.observe(len(batch))
+        self._size.observe(len(batch))
         try:
             if len(batch) == 1:
                 results: Sequence[Result | BaseException] = [
@@ -127,7 +134,7 @@ class GroupCommit:
         except CONNECTION_LOST:
             raise
         except asyncpg.PostgresError:
-            metrics.GROUP_COMMIT_FALLBACKS.inc()
+            self._fallbacks.inc()
             alone: list[Result | BaseException] = await asyncio.gather(
                 *(self._pool.fetchrow(self._single_sql, *args) for args in batch),
                 return_exceptions=True)

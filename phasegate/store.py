@@ -87,7 +87,8 @@ class PhaseCommit:
 class Store:
     """Typed access to the phasegate tables over an asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool, *, commit_window_s: float = 0.0) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, commit_window_s: float = 0.0,
+                 load_window_s: float = 0.0) -> None:
         self.pool = pool
         self._q = queries()
         # PHASEGATE_COMMIT_BATCH_WINDOW_MS: concurrent commits share a statement (0: off).
@@ -96,6 +97,12 @@ class Store:
             self.group_commit = GroupCommit(
                 pool, single_sql=self._q["commit_phase"], batch_sql=self._q["commit_phases"],
                 window_s=commit_window_s)
+        # PHASEGATE_LOAD_BATCH_WINDOW_MS: concurrent checks share a read (0: off).
+        self.group_load: GroupCommit | None = None
+        if load_window_s > 0:
+            self.group_load = GroupCommit(
+                pool, single_sql=self._q["load_for_phase"], batch_sql=self._q["load_for_phases"],
+                window_s=load_window_s, name="load")
 
     async def ping(self) -> None:
         await self.pool.fetchval(queries("schema.sql")["ping"])
@@ -123,7 +130,10 @@ class Store:
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
                              ) -> RunPosition | None:
-        row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch)
+        if self.group_load is not None:
+            row = await self.group_load.commit((workflow_id, branch))
+        else:
+            row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch)
         if row is None:
             return None
         return RunPosition(

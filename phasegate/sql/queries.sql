@@ -62,6 +62,47 @@ LEFT JOIN LATERAL (
     ORDER BY e.checkpoint_id DESC LIMIT 1
 ) e ON true;
 
+-- name: load_for_phases
+-- Group load (phasegate/group_commit.py): load_for_phase for many messages in ONE statement.
+-- $1/$2: arrays of workflow ids and branches, one element per message. Returns one row per
+-- message whose run exists, with its ordinal `i` (1-based); the same run named twice (a
+-- duplicate delivery) is claimed once and returned for both.
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS b(workflow_id, branch, i)
+), claimed AS (
+    UPDATE workflow_runs r SET status = 'running', updated_at = now()
+      FROM (SELECT DISTINCT workflow_id FROM batch) ids
+     WHERE r.workflow_id = ids.workflow_id AND r.status = 'pending'
+    RETURNING r.workflow_id, r.workflow, r.status, r.next_seq, r.base_seq, r.current_phase,
+              r.schema_version, r.input::text AS input, r.attempts, r.epoch, r.classification,
+              r.region
+), run AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT workflow_id, workflow, status, next_seq, base_seq, current_phase,
+           schema_version, input::text, attempts, epoch, classification, region
+      FROM workflow_runs r
+     WHERE r.workflow_id IN (SELECT workflow_id FROM batch)
+       AND r.workflow_id NOT IN (SELECT workflow_id FROM claimed)
+)
+SELECT b.i, run.*,
+       c.state::text AS state, c.state_hash, c.schema_version AS state_version,
+       e.state::text AS progress
+  FROM batch b
+  JOIN run ON run.workflow_id = b.workflow_id
+  LEFT JOIN LATERAL (
+    SELECT state, state_hash, schema_version FROM checkpoints c
+     WHERE c.workflow_id = b.workflow_id AND c.branch = b.branch AND c.seq = run.next_seq - 1
+       AND c.kind = 'phase'
+     LIMIT 1
+  ) c ON true
+  LEFT JOIN LATERAL (
+    SELECT state FROM checkpoints e
+     WHERE e.workflow_id = b.workflow_id AND e.branch = b.branch
+       AND e.seq = run.next_seq AND e.kind = 'emergency'
+     ORDER BY e.checkpoint_id DESC LIMIT 1
+  ) e ON true;
+
 -- name: commit_phase
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.

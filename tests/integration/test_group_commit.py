@@ -8,6 +8,7 @@ it (the window is far longer than the test); releasing the lock sends them as on
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -287,3 +288,47 @@ async def test_a_cancelled_caller_does_not_cancel_its_commit(database_url):
             return await checkpoints_of(database_url, "wf_gc_cancelled") == [0]
 
         await wait_for(landed, timeout=30, what="the cancelled caller's commit written")
+
+
+async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
+    """Group load: pending runs are claimed (once, even when named twice), running runs are
+    read with the state of their last checkpoint, a missing run gives None."""
+    async with grouped_store(database_url) as setup:
+        await running(setup, "wf_gl_moved")
+        assert await setup.commit_phase(commit_of("wf_gl_moved")) is not None
+        for workflow_id in ("wf_gl_head", "wf_gl_pending"):
+            await setup.start_run(workflow_id=workflow_id, workflow="wf", schema_version=1,
+                                  input={"n": 1}, first_phase="a",
+                                  message=start_message(workflow_id, "wf", {"n": 1}))
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    try:
+        store = Store(pool, load_window_s=HELD_WINDOW_S)
+        async with held(database_url, "wf_gl_head"):
+            head = asyncio.ensure_future(store.load_for_phase("wf_gl_head"))
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head load waiting on the held row")
+            batch = [asyncio.ensure_future(store.load_for_phase(workflow_id)) for workflow_id
+                     in ("wf_gl_pending", "wf_gl_moved", "wf_gl_missing", "wf_gl_pending")]
+            group = store.group_load
+            assert group is not None
+
+            async def queued() -> bool:
+                return len(group._pending) == 4
+
+            await wait_for(queued, timeout=30, what="4 loads queued behind the held one")
+        head_position = await head
+        pending, moved, missing, pending_again = await asyncio.gather(*batch)
+        assert group.statements == 1
+    finally:
+        await pool.close()
+    assert head_position is not None and head_position.status == "running"
+    assert missing is None
+    assert pending is not None and pending_again is not None
+    assert pending.status == pending_again.status == "running"
+    assert json.loads(pending.input_json or "null") == {"n": 1} and pending.next_seq == 0
+    assert moved is not None and moved.status == "running" and moved.next_seq == 1
+    assert json.loads(moved.state_json or "null") == {"id": "wf_gl_moved"}
+    statuses = await fetch(database_url, "SELECT workflow_id, status FROM workflow_runs "
+                           "WHERE workflow_id LIKE 'wf_gl_%' ORDER BY 1")
+    assert [tuple(r) for r in statuses] == [("wf_gl_head", "running"), ("wf_gl_moved", "running"),
+                                            ("wf_gl_pending", "running")]
