@@ -66,6 +66,11 @@ class GroupCommit:
         self._flushes: set[asyncio.Task[None]] = set()
         self.statements = 0  # multi-row statements sent (tests and bench read it)
 
+    @property
+    def queued(self) -> int:
+        """Calls waiting for the next statement (tests wait on it)."""
+        return len(self._pending)
+
     async def commit(self, args: Args) -> Result:
         """Run one call (the single-row statement's arguments) in the next statement; its row,
         or None (a commit superseded, a run that does not exist)."""

@@ -86,7 +86,7 @@ async def until_queued(store: Store, count: int) -> None:
     assert group is not None
 
     async def queued() -> bool:
-        return len(group._pending) == count
+        return group.queued == count
 
     await wait_for(queued, timeout=30, what=f"{count} commits queued behind the held one")
 
@@ -313,7 +313,7 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
             assert group is not None
 
             async def queued() -> bool:
-                return len(group._pending) == 4
+                return group.queued == 4
 
             await wait_for(queued, timeout=30, what="4 loads queued behind the held one")
         head_position = await head
