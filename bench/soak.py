@@ -64,7 +64,9 @@ def _env(dsn: str, urls: tuple[str, str], endpoint: str, downstream: str,
             "PHASEGATE_RELAY_AFTER_S": "2", "PHASEGATE_RELAY_INTERVAL_S": "0.5",
             "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
             "PHASEGATE_DB_POOL_MAX": "4", "PHASEGATE_LOG_FORMAT": "json",
-            "PHASEGATE_LOG_LEVEL": "warning", DOWNSTREAM_ENV: downstream}
+            "PHASEGATE_LOG_LEVEL": "warning", DOWNSTREAM_ENV: downstream,
+            # The API is not exercised here and binds to loopback: no tokens file.
+            "PHASEGATE_API_AUTH": "none"}
 
 
 def _orchestrator(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:

@@ -100,13 +100,14 @@ class Env:
     # Group commit window of phasegate's store (PHASEGATE_COMMIT_BATCH_WINDOW_MS; 0 = off).
     commit_window_ms: float = Settings.model_fields["commit_batch_window_ms"].default
     load_window_ms: float = Settings.model_fields["load_batch_window_ms"].default
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
 
     def endpoint(self, backend: str) -> str:
         found = self.localstack_endpoint if backend == "localstack" else self.moto_endpoint
         if found is None:
             raise RuntimeError(f"no endpoint for the {backend} backend (--localstack-endpoint)")
         return found
-    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 # -- queues -------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
         settings = Settings(
             concurrency=CONCURRENCY, wait_time_s=wait_time_for(workload.backend),
             visibility_timeout_s=30, heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
-            worker_id="bench", db_pool_max=CONCURRENCY)
+            worker_id="bench", db_pool_max=CONCURRENCY, continuation=env.continuation)
         worker = stopping_worker(settings, workflow, workload.groups, queue=queue, dlq=dlq,
                                  store=store)
         calls_before = queue.calls + dlq.calls
@@ -542,12 +543,13 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 old_floor: bool = False, commit_window_ms: float | None = None,
                 localstack_endpoint: str | None = None,
                 phases: dict[int, int] | None = None,
-                load_window_ms: float | None = None) -> dict[str, Any]:
+                load_window_ms: float | None = None,
+                continuation: bool = True) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server).start()
-    env = Env(databases)
+    env = Env(databases, continuation=continuation)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
     env.localstack_endpoint = localstack_endpoint
@@ -579,7 +581,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "repeats": repeats, "process_repeats": process_repeats,
                 "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
                 "load_window_ms": env.load_window_ms,
-                "machine": machine(),
+                "continuation": continuation, "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
         await databases.stop()
@@ -612,6 +614,8 @@ def main() -> None:
     parser.add_argument("--phases", default=None, metavar="G:N,...",
                         help="phases per workflow by number of groups, e.g. 1:300,16:60 "
                         "(a loaded machine: same ratios, less time)")
+    parser.add_argument("--continuation", choices=("on", "off"), default="on",
+                        help="phasegate's local continuation (PHASEGATE_CONTINUATION)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -624,7 +628,8 @@ def main() -> None:
                                commit_window_ms=args.commit_window_ms,
                                localstack_endpoint=args.localstack_endpoint,
                                phases=_phases(args.phases),
-                               load_window_ms=args.load_window_ms))
+                               load_window_ms=args.load_window_ms,
+                               continuation=args.continuation == "on"))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import asyncpg
-from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi import Path as Path_
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -24,7 +24,10 @@ from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its ser
 from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
 from phasegate.orchestrator.control import Control, Outcome
 from phasegate.orchestrator.fleet import Fleet, FleetView
-from phasegate.orchestrator.gate import OPEN_PATHS, Gate, required_role
+from phasegate.orchestrator.gate import OPEN_PATHS, Gate, is_console_path, required_role
+from phasegate.orchestrator.quarantine import MAX_PAGE as QUARANTINE_PAGE
+from phasegate.orchestrator.quarantine import QuarantinePage, Redriven, list_quarantine
+from phasegate.orchestrator.quarantine import redrive as redrive_quarantined
 from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
@@ -41,6 +44,13 @@ READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
 # Seqs and cursors are PostgreSQL integers; a larger value is a 422, not an overflow (500).
 MAX_INT4 = 2**31 - 1
+# GET /v1/workflows/{id}?wait=S holds the request at most this long (a long poll for clients
+# waiting for a run to settle); the server re-reads the run row between these bounds.
+MAX_WAIT_S = 30.0
+WAIT_POLL_S = (0.1, 1.0)
+# Statuses in which a run moves on by itself; a long poll returns as soon as a run is in any
+# other one (finished, or waiting for a person), including statuses this code does not know.
+MOVING = ("pending", "running", "waiting", "queued")
 # A stall threshold of ten years is "never"; beyond it the interval arithmetic overflows.
 MAX_STALL_S = 10 * 365 * 86400.0
 
@@ -54,6 +64,9 @@ class Services:
     # is for in-process callers (the CLI's summary) that never serve HTTP.
     auth: Authenticator = field(default_factory=NoAuth)
     max_body_bytes: int = SQS_MAX_MESSAGE_BYTES
+    # The console's login cookie: Secure always (True), never (False), or when the request
+    # came over https (None; PHASEGATE_CONSOLE_SECURE_COOKIE=auto).
+    secure_cookie: bool | None = None
 
 
 class Storable(BaseModel):
@@ -86,6 +99,24 @@ class MergeRequest(Storable):
 
 class ActionRequest(Storable):
     reason: str | None = Field(default=None, max_length=1000)
+
+
+class SignalRequest(Storable):
+    payload: Any = Field(default=None, description="Any JSON; the next phase's ctx.signal.")
+    idempotency_key: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="A repeat with the same key changes nothing (also: Idempotency-Key).")
+
+
+class SignalResponse(BaseModel):
+    workflow_id: str
+    name: str
+    signal_id: int
+    delivered: bool = Field(description="It woke the run's wait for this name; false: kept "
+                                        "until a wait for its name, or the run's end.")
+    duplicate: bool = Field(description="The idempotency key was seen before; nothing changed.")
+    sent: bool = Field(description="The woken run's message reached SQS (false: the relay "
+                                   "sends it).")
 
 
 class ActionResponse(BaseModel):
@@ -140,6 +171,7 @@ UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 UNAVAILABLE_SQLSTATE = ("08", "28", "53", "57")
 
 WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
+SignalName = Annotated[str, Path_(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
 
 
 def caller_of(request: Request) -> Caller:
@@ -203,9 +235,20 @@ def create_app(services: Services) -> FastAPI:
         return run
 
     @app.get("/v1/workflows/{workflow_id}", response_model=Run, responses=ERRORS)
-    async def get_run(workflow_id: WorkflowId) -> Run:
-        control = services.control
-        return await (await control.scoped(workflow_id)).views.get_run(workflow_id)
+    async def get_run(workflow_id: WorkflowId, wait: Annotated[float, Query(
+            ge=0, le=MAX_WAIT_S, allow_inf_nan=False,
+            description="Hold the answer up to this many seconds while the run is still "
+                        "moving on its own (pending, running, waiting, queued); it returns "
+                        "as soon as the run is in any other status.")] = 0) -> Run:
+        views = (await services.control.scoped(workflow_id)).views
+        run = await views.get_run(workflow_id)
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + wait, WAIT_POLL_S[0]
+        while run.status in MOVING and loop.time() < deadline:
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, WAIT_POLL_S[1])
+            run = await views.get_run(workflow_id)
+        return run
 
     @app.get("/v1/workflows", response_model=RunPage)
     async def list_runs(
@@ -254,6 +297,25 @@ def create_app(services: Services) -> FastAPI:
     for name in ("cancel", "retry", "restart", "approve", "reject"):
         action_route(name)
 
+    @app.post("/v1/workflows/{workflow_id}/signals/{name}", response_model=SignalResponse,
+              responses={**ERRORS, **BODY_ERRORS, 422: {
+                  "description": "A bad signal name, idempotency key or payload"}},
+              summary="Send a signal to a run")
+    async def signal(workflow_id: WorkflowId, name: SignalName, caller: CallerDep,
+                     body: Annotated[SignalRequest | None, Body()] = None,
+                     idempotency_key: Annotated[str | None, Header(
+                         min_length=1, max_length=200)] = None) -> SignalResponse:
+        """Wakes the run if it waits for ``name`` (``ctx.wait_for_signal``); otherwise the
+        signal is kept until a wait for its name, or until the run ends. 404: no such run;
+        409: the run has ended."""
+        scoped = await control_for(caller).scoped(workflow_id)
+        request = body or SignalRequest()
+        result = await scoped.signal(workflow_id, name, request.payload,
+                                     request.idempotency_key or idempotency_key)
+        return SignalResponse(workflow_id=workflow_id, name=name, signal_id=result.signal_id,
+                              delivered=result.delivered, duplicate=result.duplicate,
+                              sent=result.sent)
+
     @app.post("/v1/workflows/{workflow_id}/merge", response_model=ActionResponse,
               responses={**ERRORS, **BODY_ERRORS},
               summary="Supervisor merge: promote a branch's state")
@@ -267,6 +329,21 @@ def create_app(services: Services) -> FastAPI:
     async def branches(workflow_id: WorkflowId) -> dict[str, Any]:
         scoped = await services.control.scoped(workflow_id)
         return {"workflow_id": workflow_id, "forks": await scoped.branches(workflow_id)}
+
+    @app.get("/v1/quarantine", response_model=QuarantinePage)
+    async def quarantine(
+            before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+            limit: Annotated[int, Query(ge=1, le=QUARANTINE_PAGE)] = 50) -> QuarantinePage:
+        """Quarantined messages, newest first: the reason, never the body."""
+        return await list_quarantine(services.control, before=before, limit=limit)
+
+    @app.post("/v1/quarantine/{quarantine_id}/redrive", response_model=Redriven,
+              responses={**ERRORS, **BODY_ERRORS})
+    async def redrive(quarantine_id: Annotated[int, Path_(ge=1, le=2**63 - 1)],
+                      caller: CallerDep) -> Redriven:
+        """Resend the current phase of the run a quarantined message belonged to, rebuilt
+        from the run row (never from the message body); once per quarantined message."""
+        return await redrive_quarantined(control_for(caller), quarantine_id)
 
     @app.get("/v1/stalls", response_model=StallReport)
     async def stalls(older_than_s: Annotated[float, Query(
@@ -301,6 +378,9 @@ def create_app(services: Services) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
+    from phasegate.orchestrator.console import mount_console
+
+    mount_console(app, services)
     describe_roles(app)
     app.add_middleware(Gate, auth=services.auth, routes=app.router.routes,
                        max_body_bytes=services.max_body_bytes)
@@ -313,7 +393,8 @@ def describe_roles(app: FastAPI) -> None:
     from fastapi.routing import APIRoute
 
     for route in app.routes:
-        if isinstance(route, APIRoute) and route.path not in OPEN_PATHS:
+        if isinstance(route, APIRoute) and route.path not in OPEN_PATHS \
+                and not is_console_path(route.path):
             role = required_role(route.name)
             note = f"Needs a token with the **{role}** role (or higher)."
             route.description = f"{route.description}\n\n{note}".strip()

@@ -4,6 +4,7 @@ database directly. Both return the API's JSON shapes, so the CLI renders one for
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Protocol
 
 import asyncpg
@@ -38,6 +39,9 @@ class Backend(Protocol):
     def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]: ...
     def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]: ...
     def branches(self, workflow_id: str) -> dict[str, Any]: ...
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]: ...
+    def signal(self, workflow_id: str, name: str, payload: Any,
+               idempotency_key: str | None) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -90,6 +94,14 @@ class ApiBackend:
 
     def branches(self, workflow_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/workflows/{workflow_id}/branches")
+
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._call("GET", "/v1/workflows", params=params)
+    def signal(self, workflow_id: str, name: str, payload: Any,
+               idempotency_key: str | None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workflows/{workflow_id}/signals/{name}",
+                          json={"payload": payload, "idempotency_key": idempotency_key})
 
     def close(self) -> None:
         self._client.close()
@@ -203,6 +215,19 @@ class DatabaseBackend:
             return {"workflow_id": workflow_id, "forks": await control.branches(workflow_id)}
 
         return self._do(get)
+
+    def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]:
+        async def get(control: Control) -> dict[str, Any]:
+            return (await control.views.list_runs(**filters)).model_dump(mode="json")
+
+        return self._do(get)
+    def signal(self, workflow_id: str, name: str, payload: Any,
+               idempotency_key: str | None) -> dict[str, Any]:
+        async def do(control: Control) -> dict[str, Any]:
+            result = await control.signal(workflow_id, name, payload, idempotency_key)
+            return dataclasses.asdict(result)
+
+        return self._do(do)
 
     def close(self) -> None:
         async def shut() -> None:

@@ -11,12 +11,13 @@ resolve one fork: whichever locks the row second finds it resolved.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 import structlog
 
-from phasegate.branches import sql, tree_rows_to_json
+from phasegate.branches import sql
 from phasegate.envelope import MAIN_BRANCH, dedup_id, phase_message
 from phasegate.orchestrator.views import Conflict, NotFound
 from phasegate.queue import Outgoing, Queue
@@ -44,10 +45,10 @@ async def supervisor_merge(pool: asyncpg.Pool, queue: Queue | None, workflow_id:
                 raise NotFound(f"no workflow run with id {workflow_id!r}")
             raise Conflict(f"cannot merge run {workflow_id}: it has no open fork (its branches "
                            "were merged already, or it never forked)")
-        if fork["run_status"] not in MERGEABLE or fork["next_seq"] != fork["fork_seq"] + 1:
+        if fork["run_status"] not in MERGEABLE or fork["next_seq"] != fork["merge_seq"]:
             raise Conflict(f"cannot merge run {workflow_id}: its status is "
                            f"{fork['run_status']!r}, merge needs {' or '.join(MERGEABLE)}")
-        after, seq = fork["after_merge"], fork["fork_seq"] + 2
+        after, seq = fork["after_merge"], fork["merge_seq"] + 1
         message = (phase_message(workflow_id, fork["workflow"], seq, after)
                    if after is not None else None)
         dedup = dedup_id(workflow_id, MAIN_BRANCH, seq, fork["epoch"])
@@ -56,7 +57,7 @@ async def supervisor_merge(pool: asyncpg.Pool, queue: Queue | None, workflow_id:
             sql()["supervisor_merge"], workflow_id, branch, fork["fork_seq"],
             fork["merge_phase"], after, fork["run_status"], note[:1000], actor,
             dedup if message else None, message.group_id if message else None,
-            message.to_json() if message else None)
+            message.to_json() if message else None, fork["merge_seq"])
         if row is None or row["committed_at"] is None:
             raise Conflict(f"cannot merge branch {branch!r} of run {workflow_id}: it is not a "
                            f"branch of the open fork at seq {fork['fork_seq']}, or it has no "
@@ -74,3 +75,29 @@ async def supervisor_merge(pool: asyncpg.Pool, queue: Queue | None, workflow_id:
         return False
     await Store(pool).mark_sent([row["outbox_id"]])
     return True
+
+
+def tree_rows_to_json(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """``branch_tree`` rows as forks, each with its branches (the API's JSON shape). A nested
+    fork names its ``parent_branch``; forks come parents first."""
+    forks: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        fork = forks.setdefault((row["parent_branch"], row["fork_seq"]), {
+            "parent_branch": row["parent_branch"], "fork_seq": row["fork_seq"],
+            "mode": row["mode"], "merge_phase": row["merge_phase"],
+            "merge_seq": row["merge_seq"], "status": row["fork_status"],
+            "resolution": row["resolution"], "winner": row["winner"],
+            "branch_count": row["branch_count"], "pending": row["pending"],
+            "require_all": row["require_all"], "retries": row["fork_retries"],
+            "max_retries": row["max_retries"], "branches": []})
+        steps = []
+        for step in row["steps"]:
+            seq, phase, kind = step.split(":", 2)
+            steps.append({"seq": int(seq), "phase": phase, "kind": kind})
+        fork["branches"].append({
+            "branch": row["branch"], "status": row["status"], "next_seq": row["next_seq"],
+            "final_seq": row["final_seq"], "current_phase": row["current_phase"],
+            "tier": row["tier"], "tier_label": row["tier_label"], "error": row["error"],
+            "depth": row["depth"], "retries": row["retries"], "steps": steps})
+    return list(forks.values())
+

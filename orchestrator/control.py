@@ -24,13 +24,15 @@ from phasegate.orchestrator.starter import StartError, start_workflow
 from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
+from phasegate.signals import RunFinished, RunNotFound, SignalError, SignalResult, send_signal
 from phasegate.sql import queries
 from phasegate.store import Store
 from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.control")
 
-CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart")
+CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart", "queued",
+               "waiting")
 # A run that changes under an action this many times in a row is reported as a conflict.
 MAX_RACES = 5
 REASON_LIMIT = 1000
@@ -60,6 +62,11 @@ RULES = {
     "reject": Rule("reject", ("awaiting_review",), "reject re-runs the phase under review"),
     "cancel": Rule("cancel", CANCELLABLE, "finished runs cannot be cancelled"),
 }
+# A redrive of a quarantined message (orchestrator/quarantine.py) resends the run's current
+# phase, rebuilt from the run row; it is logged as a retry (control_actions knows no other
+# word for "resume from the last checkpoint").
+REDRIVE = Rule("retry", ("failed", "running"),
+               "a redrive resends the current phase of a failed or running run")
 
 
 def refuse(rule: Rule, run: Run) -> Conflict:
@@ -169,6 +176,9 @@ class Control:
     async def reject(self, workflow_id: str, reason: str | None = None) -> Outcome:
         return await self._resume(RULES["reject"], workflow_id, reason)
 
+    async def redrive(self, workflow_id: str, reason: str | None = None) -> Outcome:
+        return await self._resume(REDRIVE, workflow_id, reason)
+
     async def _resume(self, rule: Rule, workflow_id: str, reason: str | None) -> Outcome:
         for _ in range(MAX_RACES):
             run = await self.views.get_run(workflow_id)
@@ -217,6 +227,25 @@ class Control:
         await self.store.mark_sent([outbox_id])
         return True
 
+
+    # -- signals (phasegate/signals.py) --------------------------------------------------------
+
+    async def signal(self, workflow_id: str, name: str, payload: Any,
+                     idempotency_key: str | None = None) -> SignalResult:
+        """Send signal ``name`` to the run; a woken run's message is sent at once."""
+        try:
+            result = await send_signal(self.pool, workflow_id, name, payload,
+                                       idempotency_key=idempotency_key, queue=self.queue,
+                                       actor=self.actor)
+        except RunNotFound as exc:
+            raise NotFound(str(exc)) from None
+        except RunFinished as exc:
+            raise Conflict(str(exc)) from None
+        except SignalError as exc:
+            raise Invalid(str(exc)) from None
+        log.info("signal_received", workflow_id=workflow_id, delivered=result.delivered,
+                 duplicate=result.duplicate, sent=result.sent)
+        return result
 
     # -- branches (orchestrator/branching.py) ------------------------------------------------
 

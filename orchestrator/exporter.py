@@ -1,7 +1,8 @@
 """The queue-depth exporter: what an HPA External metric (via prometheus-adapter) scales on.
 
 Every few seconds it reads the queue's (and the dead-letter queue's) Approximate* attributes,
-the age of the oldest unfinished run and the number of runs in each status. A failed poll is
+the age of the oldest unfinished run, the number of runs in each status and the number of
+waits falling due within the next minute (the fleet wakes before a timer). A failed poll is
 logged and counted and the last good value stays exported (an HPA holds its scale on a missing
 metric too); the loop itself never dies of it.
 """
@@ -31,7 +32,14 @@ DLQ_MESSAGES = Gauge(
     "Messages in the dead-letter queue by state (SQS Approximate* attributes).", ["state"])
 RUNS = Gauge("phasegate_runs", "Workflow runs by status (database).", ["status"])
 RUN_STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
-                "needs_restart")
+                "needs_restart", "queued", "waiting")
+# The chart's scale-from-zero trigger names this metric: waits (timers, signal timeouts) due
+# within the next WAKE_AHEAD_S seconds, so the fleet is awake when they fire, not after.
+WAKE_AHEAD_S = 60.0
+TIMERS_DUE_SOON = Gauge(
+    "phasegate_timers_due_soon",
+    "Waiting runs whose next phase falls due within the next 60 seconds, or is overdue "
+    "(database time).")
 EXPORTER_ERRORS = Counter(
     "phasegate_exporter_errors_total", "Exporter polls that failed, by source.", ["source"])
 EXPORTER_POLLS = Counter("phasegate_exporter_polls_total", "Exporter poll rounds.")
@@ -93,6 +101,7 @@ class QueueDepthExporter:
             try:
                 OLDEST_UNFINISHED.set(await self.views.oldest_unfinished_age_s())
                 counts = await self.views.runs_by_status()
+                TIMERS_DUE_SOON.set(await self.views.timers_due_soon(WAKE_AHEAD_S))
             except Exception as exc:
                 self._failed("database", exc)
             else:

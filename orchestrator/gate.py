@@ -44,9 +44,18 @@ ROUTE_ROLES = {
     "list_runs": VIEWER, "get_run": VIEWER, "checkpoints": VIEWER, "actions": VIEWER,
     "branches": VIEWER, "stalls": VIEWER, "summary": VIEWER, "fleet": VIEWER,
     "start": OPERATOR, "cancel": OPERATOR, "retry": OPERATOR, "restart": OPERATOR,
-    "approve": OPERATOR, "reject": OPERATOR,
+    "approve": OPERATOR, "reject": OPERATOR, "signal": OPERATOR,
     "merge": ADMIN,
+    "quarantine": VIEWER, "redrive": OPERATOR,
 }
+# The console (orchestrator/console.py) lives at ``/`` and under ``/ui/``. It authenticates
+# from its own cookie and enforces these same roles per page and per form; the gate still
+# bounds its request bodies and refuses NULs in its URLs.
+CONSOLE_PREFIX = "/ui/"
+
+
+def is_console_path(path: str) -> bool:
+    return path == "/" or path.startswith(CONSOLE_PREFIX)
 
 
 def required_role(route_name: str) -> str:
@@ -84,8 +93,11 @@ class Gate:
             await send(message)
 
         caller: Caller | None = None
+        console = is_console_path(scope["path"])
         try:
-            caller, refusal = await self._admit(scope)
+            refusal: Refusal | None = None
+            if not console:
+                caller, refusal = await self._admit(scope)
             if refusal is None:
                 refusal = url_problem(scope)
             if refusal is None:
@@ -93,10 +105,13 @@ class Gate:
             if refusal is not None:
                 await respond(send_and_note, refusal)
                 return
-            scope.setdefault("state", {})["caller"] = caller
+            if not console:
+                scope.setdefault("state", {})["caller"] = caller
             await self.app(scope, receive, send_and_note)
         finally:
             # The access log: who (the token's NAME, never the token), what, and the answer.
+            # The console names its caller in the scope once its cookie is checked.
+            caller = caller or scope.get("state", {}).get("console_caller")
             log.info("api_request", method=scope["method"], path=scope["path"],
                      status=status["code"], caller=caller.name if caller else None,
                      duration_s=round(time.perf_counter() - started, 6))

@@ -133,6 +133,10 @@ def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],
               ("attempts", run["attempts"]), ("epoch", run["epoch"]),
               ("created", run["created_at"]), ("updated", run["updated_at"]),
               ("finished", run["finished_at"] or "-")]
+    if run.get("due_at"):  # waiting: when the next phase becomes deliverable
+        fields.append(("due", run["due_at"]))
+    if run.get("waiting_for"):
+        fields.append(("signal", f"waits for {run['waiting_for']!r} (or the due time)"))
     if run.get("error"):
         fields.append(("error", run["error"]))
     parts: list[RenderableType] = [Text(f"{name + ':':<10} {value}") for name, value in fields]
@@ -151,6 +155,25 @@ def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],
             [[a["action"], a["from_status"], a["seq"], a["reason"], a["actor"],
               a["created_at"]] for a in actions])]
     return to_text(Group(*parts), color=color)
+
+
+def runs(items: list[dict[str, Any]], *, color: bool = False) -> str:
+    """``phasegate list``: one line per run, newest first."""
+    if not items:
+        return "no runs"
+    return table(["id", "status", "workflow", "phase", "tier", "region", "created"],
+                 [[r["workflow_id"], r["status"], r["workflow"], r["current_phase"],
+                   tier(r["tier"], r["tier_label"]), r.get("region"), r["created_at"]]
+                  for r in items], color=color)
+def signal(result: dict[str, Any]) -> str:
+    what = ("duplicate (its idempotency key was seen before): nothing changed"
+            if result["duplicate"] else
+            "delivered: the run's wait ends" if result["delivered"] else
+            "kept: the run does not wait for it yet")
+    line = f"signal {result['name']} to {result['workflow_id']}: {what}"
+    if result["delivered"] and not result["duplicate"] and not result["sent"]:
+        line += " (the relay sends the resuming message)"
+    return line
 
 
 def action(result: dict[str, Any]) -> str:

@@ -1,9 +1,9 @@
-"""The orchestrator process: the HTTP API, the outbox relay and the queue-depth exporter on
-one event loop.
+"""The orchestrator process: the HTTP API, the outbox relay, the queue-depth exporter and
+(when schedules are defined) the scheduler on one event loop.
 
-The three run as supervised tasks: if one of them ends with an error the others are stopped
+They run as supervised tasks: if one of them ends with an error the others are stopped
 and the process exits non-zero (loudly), never with a side task silently gone. ``stop()`` (on
-SIGTERM) stops all three; the process then exits 0.
+SIGTERM) stops them all; the process then exits 0.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.scheduler import Scheduler, schedules_for
 from phasegate.queue import SqsQueue
 from phasegate.residency import DEFAULT_REGION, StoreRouter, stores_from_settings
+from phasegate.schedules import Schedule, ScheduleError
 from phasegate.settings import Settings, SettingsError
 from phasegate.store import Store
 from phasegate.workflow import Registry
@@ -75,6 +77,7 @@ class Orchestrator:
         self._relay: Relay | None = None
         self._regional_relays: list[Relay] = []  # one per extra store of PHASEGATE_STORES
         self._exporter: QueueDepthExporter | None = None
+        self._scheduler: Scheduler | None = None
         self._auth: Authenticator | None = None
 
     @property
@@ -91,6 +94,8 @@ class Orchestrator:
             relay.stop()
         if self._exporter is not None:
             self._exporter.stop()
+        if self._scheduler is not None:
+            self._scheduler.stop()
 
     def authenticator(self) -> Authenticator:
         """Who may call /v1 (PHASEGATE_API_AUTH); a SettingsError when it cannot be built,
@@ -108,9 +113,17 @@ class Orchestrator:
             raise SettingsError(variable, str(exc)) from None
         return self._auth
 
+    def schedules(self) -> list[Schedule]:
+        """What this orchestrator fires; a SettingsError (exit 2) before anything starts."""
+        try:
+            return schedules_for(self.registry, self.settings.schedules)
+        except ScheduleError as exc:
+            raise SettingsError("PHASEGATE_SCHEDULES", str(exc)) from None
+
     async def run(self) -> None:
         settings = self.settings
         auth = self.authenticator()
+        schedules = self.schedules()
         pool = await pool_from_settings(settings, min_size=1,
                                         max_size=max(2, settings.db_pool_max))
         fleet = FleetView.from_environment(deployment=self.options.fleet_deployment,
@@ -128,7 +141,9 @@ class Orchestrator:
                                   read_policy=policy_from(settings.read_policy), stores=router)
                 app = create_app(Services(control=control, queue=queue, fleet=fleet,
                                           auth=auth,
-                                          max_body_bytes=settings.api_max_body_bytes))
+                                          max_body_bytes=settings.api_max_body_bytes,
+                                          secure_cookie={"true": True, "false": False}.get(
+                                              settings.console_secure_cookie)))
                 self._server = _Server(uvicorn.Config(
                     app, host=self.options.host, port=self.options.port, log_config=None,
                     access_log=False, lifespan="off"), self._listening)
@@ -139,7 +154,8 @@ class Orchestrator:
                                         after_s=settings.relay_after_s,
                                         interval_s=settings.relay_interval_s,
                                         batch=settings.relay_batch,
-                                        stall_after_s=settings.relay_stall_after_s)
+                                        stall_after_s=settings.relay_stall_after_s,
+                                        claim_ttl_s=settings.relay_claim_ttl_s)
                     tasks["relay"] = self._relay.run
                     for region, regional in sorted((router.stores if router else {}).items()):
                         if region == DEFAULT_REGION:
@@ -148,7 +164,8 @@ class Orchestrator:
                                       after_s=settings.relay_after_s,
                                       interval_s=settings.relay_interval_s,
                                       batch=settings.relay_batch,
-                                      stall_after_s=settings.relay_stall_after_s)
+                                      stall_after_s=settings.relay_stall_after_s,
+                                      claim_ttl_s=settings.relay_claim_ttl_s)
                         self._regional_relays.append(relay)
                         tasks[f"relay-{region}"] = relay.run
                 # The DLQ shares the work queue's client (one connection pool, one identity).
@@ -157,6 +174,13 @@ class Orchestrator:
                     queue=queue, views=control.views, dlq=dlq,
                     interval_s=self.options.exporter_interval_s)
                 tasks["exporter"] = self._exporter.run
+                if schedules:  # every replica runs one: a tick is claimed by exactly one
+                    self._scheduler = Scheduler(
+                        pool=pool, queue=queue, schedules=schedules,
+                        catchup=settings.schedule_catchup,
+                        catchup_max=settings.schedule_catchup_max,
+                        interval_s=settings.schedule_interval_s)
+                    tasks["scheduler"] = self._scheduler.run
                 if self._stop.is_set():
                     return
                 await self._supervise(tasks)

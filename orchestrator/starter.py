@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from phasegate.concurrency import ConcurrencyKeyError, key_for
 from phasegate.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import ResidencyError, residency
@@ -60,6 +61,11 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         raise StartError(f"input cannot be stored: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise StartError(f"input is not JSON: {exc}") from None
+    if workflow.concurrency_key is not None:  # the worker computes it again at the start
+        try:
+            key_for(workflow, input)
+        except ConcurrencyKeyError as exc:
+            raise StartError(str(exc)) from None
     # The run row holds the input; the message only wakes a worker, so it carries none.
     # Classification and region are routing hints, not data: the worker finds the store by them.
     message = start_message(workflow_id, workflow.name, None).model_copy(

@@ -22,7 +22,7 @@ from phasegate.sql import queries
 
 UNFINISHED = ("pending", "running", "awaiting_review")
 STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
-            "needs_restart")
+            "needs_restart", "queued", "waiting")
 MAX_PAGE = 500
 MAX_CHECKPOINTS = 5000
 # The status table counts completed and cancelled runs of the last day only.
@@ -69,6 +69,10 @@ class Run(BaseModel):
     finished_at: datetime | None
     classification: str = "internal"
     region: str | None = None
+    # A waiting run (phasegate/waits.py): when its next phase becomes deliverable (database
+    # time) and, for a signal wait, the signal's name.
+    due_at: datetime | None = None
+    waiting_for: str | None = None
 
 
 class RunPage(BaseModel):
@@ -242,3 +246,7 @@ class Views:
     async def runs_by_status(self) -> dict[str, int]:
         rows = await self.pool.fetch(self._q["runs_by_status"])
         return {r["status"]: int(r["runs"]) for r in rows}
+
+    async def timers_due_soon(self, within_s: float) -> int:
+        """Waiting runs whose next phase falls due within ``within_s`` (or is overdue)."""
+        return int(await self.pool.fetchval(queries("signals.sql")["due_soon"], within_s))

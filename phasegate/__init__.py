@@ -14,11 +14,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from phasegate.branch_review import Retry
+    from phasegate.branches import BranchResult, ForkError
     from phasegate.context import Context
+    from phasegate.signals import SignalError, SignalResult, send_signal
     from phasegate.staleness import Stale, StalenessError
     from phasegate.steps import StepMismatchError, StepOutputError
     from phasegate.storable import UnstorableValue
     from phasegate.tiers import Grade, TierDefinitionError
+    from phasegate.waits import WaitError
     from phasegate.workflow import (
         NonRetryableError,
         Registry,
@@ -28,33 +32,47 @@ if TYPE_CHECKING:
 
 # name -> the core module that defines it
 _EXPORTS = {
+    "BranchResult": "phasegate.branches",
     "Context": "phasegate.context",
+    "ForkError": "phasegate.branches",
     "Grade": "phasegate.tiers",
     "NonRetryableError": "phasegate.workflow",
     "Registry": "phasegate.workflow",
+    "Retry": "phasegate.branch_review",
+    "SignalError": "phasegate.signals",
+    "SignalResult": "phasegate.signals",
     "Stale": "phasegate.staleness",
     "StalenessError": "phasegate.staleness",
     "StepMismatchError": "phasegate.steps",
     "StepOutputError": "phasegate.steps",
     "TierDefinitionError": "phasegate.tiers",
     "UnstorableValue": "phasegate.storable",
+    "WaitError": "phasegate.waits",
     "Workflow": "phasegate.workflow",
     "WorkflowDefinitionError": "phasegate.workflow",
+    "send_signal": "phasegate.signals",
 }
 
 __all__ = [
+    "BranchResult",
     "Context",
+    "ForkError",
     "Grade",
     "NonRetryableError",
     "Registry",
+    "Retry",
+    "SignalError",
+    "SignalResult",
     "Stale",
     "StalenessError",
     "StepMismatchError",
     "StepOutputError",
     "TierDefinitionError",
     "UnstorableValue",
+    "WaitError",
     "Workflow",
     "WorkflowDefinitionError",
+    "send_signal",
 ]
 
 

@@ -32,8 +32,18 @@ A phase on the main chain forks::
   ``win_tier`` or above -- wins under the same lock; the others are discarded in the same
   transaction. Their in-flight phases then fail their commit condition (the branch is no
   longer running) and are recorded as ``discarded`` checkpoints; they are never merged.
-- Branches do not fork again, and below-tier policies (retry/escalate), reviews and the
-  staleness door apply on the main chain only; in a branch, tiers are graded and recorded.
+- Nested: ``ctx.fork`` in a branch forks child branches (``parent_branch`` = that branch,
+  ``depth`` + 1) whose fan-in promotes into the parent branch (its merge phase runs on the
+  branch's chain), never into the main chain. Bounded by ``PHASEGATE_BRANCH_MAX_DEPTH`` and
+  ``PHASEGATE_BRANCH_MAX_LIVE``: a fork beyond either fails its phase (``ForkError``, not
+  retried) and writes nothing.
+- Failures: a branch that exhausts its retries is ``failed`` and counted under the fork lock
+  like a finished one. ``require="all"`` fails the parent (the run, or the parent branch one
+  level up) at once; otherwise a race goes on (and fails only when every branch failed) and
+  an ``all`` fork fans in with the failed branches in ``ctx.merged`` (``status="failed"``).
+- Review: the merge phase may accept, discard or retry branches (phasegate/branch_review.py).
+- Below-tier policies (retry/escalate), reviews and the staleness door apply on the main chain
+  only; in a branch, tiers are graded and recorded (docs/concepts/branches.md says why).
 """
 
 from __future__ import annotations
@@ -45,7 +55,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import structlog
 
 from phasegate import audit, residency
-from phasegate.door import Halt
 from phasegate.envelope import (
     BRANCH_PATTERN,
     MAIN_BRANCH,
@@ -54,7 +63,6 @@ from phasegate.envelope import (
 )
 from phasegate.sql import queries
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition
-from phasegate.versions import Corrupt, NeedsRestart, load_verified
 from phasegate.workflow import NonRetryableError
 
 if TYPE_CHECKING:
@@ -67,6 +75,8 @@ Mode = Literal["all", "race"]
 MODES: tuple[str, ...] = ("all", "race")
 # One outbox row and one SQS message per branch, all in the forking statement: keep it small.
 MAX_BRANCHES = 64
+# Branch retries a merge phase's review may ask for per fork, unless ctx.fork says otherwise.
+DEFAULT_FORK_RETRIES = 3
 
 
 def sql() -> dict[str, str]:
@@ -87,6 +97,10 @@ class ForkPlan:
     after_merge: str | None
     mode: Mode
     win_tier: int | None
+    parent: str = MAIN_BRANCH
+    depth: int = 1  # the new branches' depth
+    require_all: bool = False
+    max_retries: int = DEFAULT_FORK_RETRIES
 
     @property
     def names(self) -> list[str]:
@@ -94,14 +108,40 @@ class ForkPlan:
 
 
 @dataclass(frozen=True)
+class ForkScope:
+    """Where a phase runs, for ``ctx.fork``: its branch's own merge phase and depth."""
+
+    merge_phase: str | None = None  # None on the main chain
+    depth: int = 0
+
+
+@dataclass(frozen=True)
 class BranchResult:
-    """One branch's final state, as a merge phase receives it (``ctx.merged``)."""
+    """One branch as a merge phase receives it (``ctx.merged``): its final state when it
+    finished (``status="merged"``), or ``status="failed"`` with ``state=None`` and the error
+    line it failed with. ``input`` is what its current attempt started from; ``retries`` how
+    often a review sent it round again."""
 
     branch: str
     state: Any
-    seq: int
+    seq: int | None
     tier: int | None = None
     tier_label: str | None = None
+    status: str = "merged"
+    error: str | None = None
+    input: Any = None
+    retries: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "merged"
+
+    @property
+    def error_type(self) -> str | None:
+        """The exception's class name, e.g. ``"TimeoutError"`` (None when it did not fail)."""
+        if self.error is None:
+            return None
+        return self.error.split(":", 1)[0].split(" ", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -111,6 +151,7 @@ class BranchPosition(RunPosition):
     branch: str = MAIN_BRANCH
     fork_seq: int = 0
     parent_branch: str = MAIN_BRANCH
+    depth: int = 1
     mode: str = "all"
     merge_phase: str = ""
     win_tier: int | None = None
@@ -118,11 +159,13 @@ class BranchPosition(RunPosition):
 
 @dataclass(frozen=True)
 class Committed:
-    """How a fork or branch commit ended, and what it left in the outbox to send now."""
+    """How a fork or branch commit ended, and what it left in the outbox to send now.
+    ``refused``: the fork broke a bound -- nothing was written; the phase fails with it."""
 
     committed: bool
     label: str
     outbox: list[OutboxRow]
+    refused: ForkError | None = None
 
 
 class Premature:
@@ -137,12 +180,17 @@ PREMATURE = Premature()
 
 def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
               inputs: Sequence[Any] | Mapping[str, Any], merge: str, mode: str,
-              win_tier: str | int | None) -> ForkPlan:
+              win_tier: str | int | None, *, scope: ForkScope | None = None,
+              require: str | None = None,
+              max_retries: int = DEFAULT_FORK_RETRIES) -> ForkPlan:
     """Check a ``ctx.fork`` call against the workflow and name its branches."""
     if workflow is None:
         raise ForkError("ctx.fork needs the Context a worker builds (it knows the workflow)")
-    if branch != MAIN_BRANCH:
-        raise ForkError(f"ctx.fork in branch {branch}: branches do not fork again")
+    scope = scope or ForkScope()
+    if require not in (None, "all"):
+        raise ForkError(f"ctx.fork require must be None or 'all', not {require!r}")
+    if not isinstance(max_retries, int) or max_retries < 0:
+        raise ForkError(f"ctx.fork max_retries must be an int >= 0, not {max_retries!r}")
     if mode not in MODES:
         raise ForkError(f"ctx.fork mode must be one of {MODES}, not {mode!r}")
     target = workflow.get_phase(merge)
@@ -155,15 +203,24 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
     if target.index < here.index + 2:
         raise ForkError(f"ctx.fork merge={merge!r}: the merge phase must come at least two "
                         f"phases after {phase!r} (branches run the phases in between)")
+    enclosing = workflow.get_phase(scope.merge_phase) if scope.merge_phase else None
+    if branch != MAIN_BRANCH and enclosing is None:
+        raise ForkError(f"ctx.fork in branch {branch} needs the Context a worker builds (it "
+                        "knows the branch's own merge phase)")
+    if enclosing is not None and target.index >= enclosing.index:
+        raise ForkError(f"ctx.fork merge={merge!r} in branch {branch}: a nested fork must "
+                        f"merge before its branch's own merge phase {scope.merge_phase!r}")
     named = (list(inputs.items()) if isinstance(inputs, Mapping)
              else [(f"b{i}", value) for i, value in enumerate(inputs)])
     if not 1 <= len(named) <= MAX_BRANCHES:
         raise ForkError(f"ctx.fork needs 1..{MAX_BRANCHES} inputs, got {len(named)}")
     branches = []
+    prefix = "" if branch == MAIN_BRANCH else f"{branch}."
     for key, value in named:
-        name = f"f{seq}.{key}"
+        name = f"{prefix}f{seq}.{key}"
         if not isinstance(key, str) or not BRANCH_PATTERN.match(name) or name == MAIN_BRANCH:
-            raise ForkError(f"branch name {name!r} must be 1-26 chars of [A-Za-z0-9_.-]")
+            raise ForkError(f"branch name {name!r} must be 1-26 chars of [A-Za-z0-9_.-] "
+                            "(a nested branch's name starts with its parent's)")
         try:
             branches.append((name, canonical_json(value)))
         except (TypeError, ValueError) as exc:
@@ -172,7 +229,8 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
     following = workflow.next_phase(phase)
     assert following is not None
     return ForkPlan(tuple(branches), merge, following, workflow.next_phase(merge),
-                    cast(Mode, mode), tier)
+                    cast(Mode, mode), tier, branch, scope.depth + 1, require == "all",
+                    max_retries)
 
 
 def _tier_number(workflow: Workflow, win_tier: str | int | None, mode: str) -> int | None:
@@ -191,9 +249,15 @@ def _tier_number(workflow: Workflow, win_tier: str | int | None, mode: str) -> i
 
 
 async def load_branch(store: Store, workflow_id: str, branch: str) -> BranchPosition | None:
+    """A branch's position. A branch still ``running`` under an ancestor that is not (a race
+    lost above it) is dead: it is recorded ``discarded`` here, the first time a message of it
+    arrives, so it stops counting as live (its own row only: no lock beyond it)."""
     row = await store.pool.fetchrow(sql()["load_branch"], workflow_id, branch)
     if row is None:
         return None
+    if row["status"] == "discarded" and row["own_status"] == "running":
+        await store.pool.fetchval(sql()["branch_orphaned"], workflow_id, branch)
+        log.info("branch_orphaned", branch=branch)
     return BranchPosition(
         workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
         next_seq=row["next_seq"], base_seq=row["base_seq"],
@@ -202,40 +266,15 @@ async def load_branch(store: Store, workflow_id: str, branch: str) -> BranchPosi
         state_json=row["state"], state_hash=row["state_hash"],
         state_version=row["state_version"], progress_json=row["progress"],
         branch=branch, fork_seq=row["fork_seq"], parent_branch=row["parent_branch"],
-        mode=row["mode"],
+        depth=row["depth"], mode=row["mode"],
         merge_phase=row["merge_phase"], win_tier=row["win_tier"])
 
 
-async def merge_input(store: Store, workflow: Workflow, position: RunPosition, phase: str,
-                      branch: str) -> list[BranchResult] | Premature | Halt:
-    """``ctx.merged`` for a main-chain phase: the final states of the branches of the fork
-    that merges into it (empty when none does). One query, only for merge phases."""
-    if branch != MAIN_BRANCH or phase not in workflow.merge_phases \
-            or position.next_seq == position.base_seq:
-        return []
-    rows = await store.pool.fetch(sql()["merge_input"], position.workflow_id,
-                                  position.next_seq, phase, position.base_seq)
-    if not rows:
-        return []
-    if rows[0]["fork_status"] == "open":
-        return PREMATURE
-    results = []
-    for row in rows:
-        if row["branch"] is None:
-            continue
-        if row["state"] is None:
-            return Halt("failed", f"checkpoint_missing: branch {row['branch']} has no final "
-                        f"state at seq {row['final_seq']}")
-        try:
-            state = await load_verified(workflow, row["final_seq"], row["state"],
-                                        row["state_hash"], row["state_version"])
-        except Corrupt as exc:
-            return Halt("failed", f"branch {row['branch']}: {exc}")
-        except NeedsRestart as exc:
-            return Halt("needs_restart", f"branch {row['branch']}: {exc}")
-        results.append(BranchResult(row["branch"], state, row["final_seq"], row["tier"],
-                                    row["tier_label"]))
-    return results
+def fork_scope(position: RunPosition) -> ForkScope:
+    """What ``ctx.fork`` needs to know of where the phase runs."""
+    if isinstance(position, BranchPosition):
+        return ForkScope(position.merge_phase, position.depth)
+    return ForkScope()
 
 
 # -- residency: the run's own store, and an audit event per checkpoint written -------------
@@ -276,10 +315,37 @@ def message(envelope: Envelope, seq: int, phase: str, branch: str,
 
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """How deep branches may nest and how many may be live in one run (settings)."""
+
+    max_depth: int = 3
+    max_live: int = 64
+
+
+async def out_of_bounds(store: Store, workflow_id: str, plan: ForkPlan,
+                        bounds: Bounds) -> ForkError | None:
+    """Why this fork may not happen, or None. The live count is read just before the fork
+    statement: two forks committing in the same instant can together pass the bound by one
+    fork's branches (the bound keeps runaway recursion in check; it is not a quota)."""
+    if plan.depth > bounds.max_depth:
+        return ForkError(f"ctx.fork in branch {plan.parent}: depth {plan.depth} is beyond "
+                         f"PHASEGATE_BRANCH_MAX_DEPTH={bounds.max_depth}")
+    live = int(await store.pool.fetchval(sql()["live_branches"], workflow_id))
+    if live + len(plan.branches) > bounds.max_live:
+        return ForkError(f"ctx.fork of {len(plan.branches)} branches: the run has {live} live "
+                         f"branches, PHASEGATE_BRANCH_MAX_LIVE={bounds.max_live}")
+    return None
+
+
 async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
-                      envelope: Envelope) -> Committed:
-    """The forking phase's checkpoint, the fork and every branch's start message: one
-    statement (``fork_commit``)."""
+                      envelope: Envelope, bounds: Bounds | None = None) -> Committed:
+    """The forking phase's checkpoint (on the main chain or in a branch), the fork and every
+    branch's start message: one statement (``fork_commit``); nothing when out of bounds."""
+    refused = await out_of_bounds(store, commit.workflow_id, plan, bounds or Bounds())
+    if refused is not None:
+        log.warning("fork_refused", reason=str(refused))
+        return Committed(False, "fork_refused", [], refused)
     messages = [message(envelope, commit.seq + 1, plan.first_phase, name)
                 for name in plan.names]
     guarded = await guard(store, commit.workflow_id)
@@ -290,12 +356,14 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
         commit.trace_id, plan.mode, plan.after_merge, plan.win_tier, plan.names,
         [value for _, value in plan.branches], plan.first_phase,
         [m.dedup_id for m in messages], [m.group_id for m in messages],
-        [m.to_json() for m in messages])
+        [m.to_json() for m in messages], plan.parent, plan.require_all, plan.max_retries,
+        plan.depth)
     if not rows:
         return Committed(False, "superseded", [])
     ids = {row["dedup_id"]: row["outbox_id"] for row in rows}
     guarded.written(commit.workflow_id, commit.seq, commit.branch)
-    log.info("forked", branches=len(messages), mode=plan.mode, merge=plan.merge_phase)
+    log.info("forked", branches=len(messages), mode=plan.mode, merge=plan.merge_phase,
+             depth=plan.depth)
     return Committed(True, "forked", [OutboxRow(ids[m.dedup_id], m.dedup_id, m.group_id,
                                                 m.to_json()) for m in messages])
 
@@ -323,7 +391,7 @@ async def commit_branch(store: Store, commit: PhaseCommit, position: BranchPosit
         return Committed(True, "advanced", outbox)
     async with store.pool.acquire() as connection, connection.transaction():
         fork = await connection.fetchrow(sql()["fork_lock"], commit.workflow_id,
-                                         position.fork_seq)
+                                         position.fork_seq, position.parent_branch)
         row = await connection.fetchrow(sql()["branch_commit"], *_commit_args(commit, True))
         if fork is None or row is None or row["committed_at"] is None:
             committed = False
@@ -350,14 +418,21 @@ async def _settle_fork(connection: Any, envelope: Envelope, position: BranchPosi
         resolution, winner = "race", envelope.branch
     elif fork["pending"] - 1 == 0:
         resolution = "fan_in"
-    merge = message(envelope, position.fork_seq + 1, fork["merge_phase"], MAIN_BRANCH,
-                    "merge")
+    return await settle(connection, envelope, position.parent_branch, position.fork_seq,
+                        fork, resolution, winner)
+
+
+async def settle(connection: Any, envelope: Envelope, parent: str, fork_seq: int, fork: Any,
+                 resolution: str | None, winner: str | None) -> list[OutboxRow]:
+    """Count one finished (or failed) branch of the locked fork; with a resolution, resolve
+    it and enqueue the merge message on the parent chain at the fork's merge seq."""
+    merge = message(envelope, fork["merge_seq"], fork["merge_phase"], parent, "merge")
     row = await connection.fetchrow(
-        sql()["fork_settle"], envelope.workflow_id, position.fork_seq, resolution, winner,
-        merge.dedup_id, merge.group_id, merge.to_json())
+        sql()["fork_settle"], envelope.workflow_id, fork_seq, resolution, winner,
+        merge.dedup_id, merge.group_id, merge.to_json(), parent)
     if resolution is None or row["outbox_id"] is None:
         return []
-    log.info("fork_resolved", resolution=resolution, fork_seq=position.fork_seq,
+    log.info("fork_resolved", resolution=resolution, fork_seq=fork_seq, parent=parent,
              winner=winner)
     return [OutboxRow(row["outbox_id"], merge.dedup_id, merge.group_id, merge.to_json())]
 
@@ -384,48 +459,3 @@ async def _refused(store: Store, commit: PhaseCommit, guarded: Guarded) -> Commi
         guarded.written(commit.workflow_id, commit.seq, commit.branch, "discarded")
         return Committed(False, "discarded", [])
     return Committed(False, "superseded", [])
-
-
-# -- failures -------------------------------------------------------------------------------
-
-
-async def record_failure(store: Store, workflow_id: str, branch: str, seq: int, error: str,
-                         max_attempts: int) -> tuple[int, str] | None:
-    """``Store.record_failure`` for a branch: at the limit the branch and the run fail."""
-    await guard(store, workflow_id)
-    row = await store.pool.fetchrow(sql()["branch_failure"], workflow_id, branch, error, seq,
-                                    max_attempts)
-    return (row["attempts"], row["status"]) if row else None
-
-
-async def halt(store: Store, position: BranchPosition, status: str, reason: str) -> bool:
-    """Stop a branch that cannot go on, and its run, with the reason."""
-    await guard(store, position.workflow_id)
-    return await store.pool.fetchval(
-        sql()["branch_halt"], position.workflow_id, position.branch, position.next_seq, reason,
-        status) is not None
-
-
-# -- the control plane's view ---------------------------------------------------------------
-
-
-def tree_rows_to_json(rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """``branch_tree`` rows as forks, each with its branches (the API's JSON shape)."""
-    forks: dict[int, dict[str, Any]] = {}
-    for row in rows:
-        fork = forks.setdefault(row["fork_seq"], {
-            "fork_seq": row["fork_seq"], "mode": row["mode"], "merge_phase": row["merge_phase"],
-            "status": row["fork_status"], "resolution": row["resolution"],
-            "winner": row["winner"], "branch_count": row["branch_count"],
-            "pending": row["pending"], "branches": []})
-        steps = []
-        for step in row["steps"]:
-            seq, phase, kind = step.split(":", 2)
-            steps.append({"seq": int(seq), "phase": phase, "kind": kind})
-        fork["branches"].append({
-            "branch": row["branch"], "status": row["status"], "next_seq": row["next_seq"],
-            "final_seq": row["final_seq"], "current_phase": row["current_phase"],
-            "tier": row["tier"], "tier_label": row["tier_label"], "error": row["error"],
-            "steps": steps})
-    return list(forks.values())
-

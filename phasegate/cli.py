@@ -112,6 +112,7 @@ def worker(concurrency: int | None, workflow_modules: str | None) -> None:
 @main.command()
 def relay() -> None:
     """Send outbox rows that workers committed but did not send, until SIGTERM."""
+    from phasegate.faults import Faults
     from phasegate.orchestrator.relay import Relay
     from phasegate.queue import SqsQueue
     from phasegate.store import Store
@@ -127,7 +128,9 @@ def relay() -> None:
                 holder["relay"] = Relay(
                     store=Store(pool), queue=queue, after_s=settings.relay_after_s,
                     interval_s=settings.relay_interval_s, batch=settings.relay_batch,
-                    stall_after_s=settings.relay_stall_after_s)
+                    stall_after_s=settings.relay_stall_after_s,
+                    claim_ttl_s=settings.relay_claim_ttl_s,
+                    faults=Faults(settings.faults, settings.fault_seed))
                 await holder["relay"].run()
         finally:
             await pool.close()
@@ -177,13 +180,24 @@ def migrate(target: int | None) -> None:
     help="Data classification (default internal); sensitive/regulated need --region.")
 @click.option("--region", default=None,
               help="The store (a region of PHASEGATE_STORES) the run lives in; fixed at start.")
+@click.option("--api", "api_url", envvar="PHASEGATE_API_URL",
+              help="Start through the orchestrator's API at this URL (PHASEGATE_API_URL; the "
+                   "token from PHASEGATE_API_TOKEN or PHASEGATE_API_TOKEN_FILE): no database "
+                   "or SQS credentials and no workflow code needed here.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="text: the workflow id; json: the run.")
 def start(workflow_name: str, input_json: str, workflow_id: str | None,
-          classification: str | None, region: str | None) -> None:
+          classification: str | None, region: str | None, api_url: str | None,
+          output: str) -> None:
     """Start WORKFLOW_NAME; prints the workflow id."""
     from phasegate.orchestrator.starter import StartError, start_workflow
     from phasegate.queue import SqsQueue
     from phasegate.residency import DEFAULT_REGION, RegionalStore, ResidencyError, residency
 
+    if api_url:
+        _start_through_api(api_url, workflow_name, input_json, workflow_id, classification,
+                           region, output)
+        return
     settings = require(settings_from(), "database_url", "queue_url")
     registry = load_registry(settings)
     workflow = registry.get(workflow_name)
@@ -216,11 +230,42 @@ def start(workflow_name: str, input_json: str, workflow_id: str | None,
             fail(str(exc), 2)
         finally:
             await pool.close()
-        click.echo(started.workflow_id)
+        if output == "json":
+            click.echo(json.dumps({"workflow_id": started.workflow_id,
+                                   "created": started.created}))
+        else:
+            click.echo(started.workflow_id)
         if not started.created:
             click.echo("(already existed; nothing started)", err=True)
 
     asyncio.run(run())
+
+
+def _start_through_api(api_url: str, workflow_name: str, input_json: str,
+                       workflow_id: str | None, classification: str | None,
+                       region: str | None, output: str) -> None:
+    from phasegate.client import ApiError, Client, token_from_environment
+
+    try:
+        payload = json.loads(input_json)
+    except ValueError as exc:
+        fail(f"--input is not valid JSON: {exc}", 2)
+    try:
+        token = token_from_environment()
+    except OSError as exc:
+        fail(f"cannot read PHASEGATE_API_TOKEN_FILE: {exc}", 2)
+    try:
+        with Client(api_url, token=token) as api:
+            run = api.start(workflow_name, payload, workflow_id=workflow_id,
+                            classification=classification, region=region)
+    except ApiError as exc:
+        fail(exc.detail, 1 if exc.status in (0, 409, 503) else 2)
+    if output == "json":
+        click.echo(json.dumps({"workflow_id": run.workflow_id, "workflow": run.workflow,
+                               "status": run.status, "seq": run.seq,
+                               "current_phase": run.current_phase}))
+    else:
+        click.echo(run.workflow_id)
 
 
 @main.command()
@@ -248,6 +293,8 @@ main.add_command(cli_control.approve)
 main.add_command(cli_control.reject)
 main.add_command(cli_control.purge)
 main.add_command(cli_control.merge)
+main.add_command(cli_control.list_runs)
+main.add_command(cli_control.signal)
 main.add_command(cli_token.token)
 
 
@@ -255,10 +302,12 @@ main.add_command(cli_token.token)
 @click.option("--modules", "workflow_modules",
               help="The workflow modules about to be rolled out (PHASEGATE_WORKFLOW_MODULES).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per workflow.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the same as --json.")
 @click.option("--max-restart-share", type=click.FloatRange(0, 1), default=None,
               help="Exit 1 when more than this share (0..1) of unfinished runs would stop at "
                    "needs_restart (the chart's pre-upgrade gate).")
-def versions(workflow_modules: str | None, as_json: bool,
+def versions(workflow_modules: str | None, as_json: bool, output: str,
              max_restart_share: float | None) -> None:
     """Before a rollout: per workflow, how many unfinished runs the loaded code would resume
     as they are (recoverable), upcast, or stop at needs_restart."""
@@ -266,6 +315,7 @@ def versions(workflow_modules: str | None, as_json: bool,
 
     settings = require(settings_from(workflow_modules=workflow_modules), "database_url")
     registry = load_registry(settings)
+    as_json = as_json or output == "json"
 
     async def run() -> None:
         pool = await _connect_pool(settings)

@@ -1,5 +1,6 @@
 """Control-plane commands: ``orchestrator``, ``status``, ``inspect``, ``cancel|retry|restart|
-approve|reject``, ``purge``. Registered on the ``phasegate`` group in ``phasegate/cli.py``.
+approve|reject``, ``signal``, ``purge``. Registered on the ``phasegate`` group in
+``phasegate/cli.py``.
 
 Each control command talks to the orchestrator's API with ``--api URL`` (or
 ``PHASEGATE_API_URL``), sending the bearer token in ``PHASEGATE_API_TOKEN``, and to the
@@ -9,7 +10,7 @@ database directly otherwise.
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 import sys
 import time
 from typing import Any
@@ -25,20 +26,36 @@ API_OPTION = click.option(
          "PHASEGATE_API_TOKEN); without it, the database directly.")
 
 
+OUTPUT_OPTION = click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="text: tables for people; json: the API's JSON, one document.")
+
+
+def _api_token() -> str | None:
+    from phasegate.client import token_from_environment
+
+    try:
+        return token_from_environment()
+    except OSError as exc:
+        click.echo(f"phasegate: cannot read PHASEGATE_API_TOKEN_FILE: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
 def _backend(api_url: str | None, *, needs_registry: bool = False,
              role: str | None = None) -> Backend:
     from phasegate.cli import load_registry, require, settings_from
 
     settings = settings_from()
     if api_url:
-        return ApiBackend(api_url, token=os.environ.get("PHASEGATE_API_TOKEN") or None)
+        return ApiBackend(api_url, token=_api_token())
     require(settings, "database_url")
     return DatabaseBackend(settings, load_registry(settings, required=needs_registry),
                            role=role)
 
 
 def _fail(error: BackendError) -> None:
-    hint = " (set PHASEGATE_API_TOKEN to a token from `phasegate token new`)" \
+    hint = " (set PHASEGATE_API_TOKEN, or PHASEGATE_API_TOKEN_FILE, to a token from " \
+        "`phasegate token new`)" \
         if error.status == 401 else ""
     click.echo(f"phasegate: {error}{hint}", err=True)
     raise SystemExit(1 if error.status in (0, 404, 409) else 2)
@@ -58,7 +75,8 @@ def _fail(error: BackendError) -> None:
               help="Its namespace (default: the pod's own).")
 def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_interval: float,
                  fleet_deployment: str, fleet_namespace: str | None) -> None:
-    """Serve the HTTP API, run the outbox relay and the queue-depth exporter until SIGTERM."""
+    """Serve the HTTP API, run the outbox relay, the queue-depth exporter and the scheduler
+    until SIGTERM."""
     from phasegate.cli import fail, load_registry, require, run_until_signal, settings_from
     from phasegate.orchestrator.server import Orchestrator, OrchestratorOptions
     from phasegate.settings import SettingsError, exit_on_settings_error
@@ -72,6 +90,7 @@ def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_in
 
     try:
         instance.authenticator()  # a bad auth setting exits 2 now, before anything connects
+        instance.schedules()  # so does a schedule clash (PHASEGATE_SCHEDULES)
     except SettingsError as exc:
         exit_on_settings_error(exc)
 
@@ -93,11 +112,17 @@ def orchestrator(host: str | None, port: int | None, no_relay: bool, exporter_in
               help="Seconds between refreshes with --watch.")
 @click.option("--count", type=int, default=None, hidden=True,
               help="Stop --watch after this many refreshes.")
-def status(api_url: str | None, watch: bool, interval: float, count: int | None) -> None:
+@OUTPUT_OPTION
+def status(api_url: str | None, watch: bool, interval: float, count: int | None,
+           output: str) -> None:
     """A table of runs by status, workflow, phase and tier, with queue depth and the fleet."""
     backend = _backend(api_url)
     color = sys.stdout.isatty()
     try:
+        if output == "json":
+            click.echo(json.dumps({**backend.summary(), "fleet": backend.fleet()["fleet"]},
+                                  indent=2))
+            return
         if watch and color:  # a terminal: redraw in place
             render.watch(lambda: render.status_view(backend.summary(), backend.fleet()),
                          interval=interval, count=count)
@@ -124,17 +149,18 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None)
 @API_OPTION
 @click.argument("workflow_id")
 @click.option("--state", "include_state", is_flag=True, help="Show each checkpoint's state.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--json", "as_json", is_flag=True, help="The same as -o json.")
 @click.option("--role", envvar="PHASEGATE_ROLE", help="Your role for the read policy when "
               "reading the database directly (PHASEGATE_ROLE); with --api, the token's roles "
               "decide which phases' state you see.")
 @click.option("--tree", is_flag=True, help="Draw the branch DAG (forks, branches, merges).")
+@OUTPUT_OPTION
 def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json: bool,
-            role: str | None, tree: bool) -> None:
+            role: str | None, tree: bool, output: str) -> None:
     """A run and its history: checkpoints and operator actions."""
-    import json
-
     from phasegate.access import ROLE_PATTERN
+
+    as_json = as_json or output == "json"
 
     if role is not None and not ROLE_PATTERN.match(role):
         click.echo("phasegate: --role must be 1-64 chars of [A-Za-z0-9_.:-]", err=True)
@@ -169,7 +195,9 @@ def _action_command(action: str, help_text: str) -> click.Command:
     @API_OPTION
     @click.argument("workflow_id")
     @click.option("--reason", help="Why (kept in the run's action log).")
-    def command(api_url: str | None, workflow_id: str, reason: str | None) -> None:
+    @OUTPUT_OPTION
+    def command(api_url: str | None, workflow_id: str, reason: str | None,
+                output: str) -> None:
         backend = _backend(api_url, needs_registry=action == "restart")
         try:
             result = backend.act(action, workflow_id, reason)
@@ -177,7 +205,8 @@ def _action_command(action: str, help_text: str) -> click.Command:
             _fail(exc)
         finally:
             backend.close()
-        click.echo(render.action(result))
+        click.echo(json.dumps(result, indent=2) if output == "json"
+                   else render.action(result))
 
     return command
 
@@ -199,8 +228,9 @@ reject = _action_command("reject", "Re-run the phase of a run that is awaiting r
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
               help="Runs deleted per statement.")
+@OUTPUT_OPTION
 def purge(older_than: str | None, classification: str | None, dry_run: bool,
-          batch_size: int) -> None:
+          batch_size: int, output: str) -> None:
     """Delete finished runs (with checkpoints and outbox rows) older than an age, in every
     store (PHASEGATE_STORES), per classification when retention is set per classification."""
     from datetime import timedelta
@@ -244,7 +274,15 @@ def purge(older_than: str | None, classification: str | None, dry_run: bool,
         return reports
 
     verb = "would delete" if dry_run else "deleted"
-    for region, cls, report in asyncio.run(run()):
+    results = asyncio.run(run())
+    if output == "json":
+        click.echo(json.dumps([
+            {"region": region, "classification": cls, "dry_run": dry_run, "runs": report.runs,
+             "checkpoints": report.checkpoints, "outbox": report.outbox,
+             "batches": report.batches, "older_than_s": report.older_than.total_seconds()}
+            for region, cls, report in results], indent=2))
+        return
+    for region, cls, report in results:
         batches = "" if dry_run else f" in {report.batches} batches"
         where = "" if region == DEFAULT_REGION else f"[{region}] "
         what = f" {cls}" if cls else ""
@@ -266,7 +304,9 @@ def render_age(age: Any) -> str:
 @click.argument("workflow_id")
 @click.argument("branch")
 @click.option("--reason", help="Why (kept in the run's action log).")
-def merge(api_url: str | None, workflow_id: str, branch: str, reason: str | None) -> None:
+@OUTPUT_OPTION
+def merge(api_url: str | None, workflow_id: str, branch: str, reason: str | None,
+          output: str) -> None:
     """Supervisor merge: promote BRANCH's state to the run's main chain; its siblings are
     discarded and the run goes on after the merge phase."""
     backend = _backend(api_url)
@@ -276,8 +316,64 @@ def merge(api_url: str | None, workflow_id: str, branch: str, reason: str | None
         _fail(exc)
     finally:
         backend.close()
-    click.echo(render.action(result))
+    click.echo(json.dumps(result, indent=2) if output == "json" else render.action(result))
+
+
+@click.command(name="list")
+@API_OPTION
+@click.option("--status", help="Only runs with this status.")
+@click.option("--workflow", help="Only runs of this workflow.")
+@click.option("--phase", help="Only runs at this phase.")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True,
+              help="Runs per page.")
+@click.option("--cursor", help="The next page: the cursor the previous page printed.")
+@OUTPUT_OPTION
+def list_runs(api_url: str | None, status: str | None, workflow: str | None,
+              phase: str | None, limit: int, cursor: str | None, output: str) -> None:
+    """Runs, newest first, one page (keyset-paged: --cursor continues)."""
+    backend = _backend(api_url)
+    try:
+        page = backend.list_runs({"status": status, "workflow": workflow, "phase": phase,
+                                  "limit": limit, "cursor": cursor})
+    except BackendError as exc:
+        _fail(exc)
+    finally:
+        backend.close()
+    if output == "json":
+        click.echo(json.dumps(page, indent=2))
+        return
+    click.echo(render.runs(page["runs"], color=sys.stdout.isatty()))
+    if page.get("next_cursor"):
+        click.echo(f"more: --cursor {page['next_cursor']}", err=True)
+
+
+@click.command()
+@API_OPTION
+@click.argument("workflow_id")
+@click.argument("name")
+@click.option("--payload", default="null", show_default=True,
+              help="The signal's payload as JSON (the next phase's ctx.signal).")
+@click.option("--idempotency-key", help="A repeat with the same key changes nothing.")
+def signal(api_url: str | None, workflow_id: str, name: str, payload: str,
+           idempotency_key: str | None) -> None:
+    """Send signal NAME to a run: it wakes the run if it waits for NAME
+    (ctx.wait_for_signal); otherwise it is kept until the run waits for it, or ends."""
+    import json
+
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        click.echo(f"phasegate: --payload is not JSON: {exc}", err=True)
+        raise SystemExit(2) from None
+    backend = _backend(api_url)
+    try:
+        result = backend.signal(workflow_id, name, value, idempotency_key)
+    except BackendError as exc:
+        _fail(exc)
+    finally:
+        backend.close()
+    click.echo(render.signal(result))
 
 
 COMMANDS = [orchestrator, status, inspect, cancel, retry, restart, approve, reject, purge,
-            merge]
+            merge, list_runs, signal]

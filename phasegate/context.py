@@ -5,13 +5,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from phasegate.branches import BranchResult, ForkPlan, plan_fork
+from phasegate.branch_review import ReviewPlan, plan_review
+from phasegate.branches import DEFAULT_FORK_RETRIES, BranchResult, ForkPlan, ForkScope, plan_fork
 from phasegate.staleness import Observations
 from phasegate.steps import Category, Steps
+from phasegate.waits import Wait, WaitError, signal_wait, timer
 
 if TYPE_CHECKING:
     from phasegate.workflow import Workflow
@@ -51,6 +54,13 @@ class Context:
     merged: list[BranchResult] = field(default_factory=list, repr=False)
     workflow_def: Workflow | None = field(default=None, repr=False)
     fork_plan: ForkPlan | None = field(default=None, repr=False)
+    # Where this phase runs, for a nested fork (its branch's merge phase and depth).
+    fork_scope: ForkScope | None = field(default=None, repr=False)
+    review_plan: ReviewPlan | None = field(default=None, repr=False)
+    # Waits (phasegate/waits.py): the payload of the signal this phase was woken by (None:
+    # none, or the wait timed out), and the wait this phase asked for before its successor.
+    signal: Any = None
+    wait: Wait | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -97,19 +107,63 @@ class Context:
     # -- branches -------------------------------------------------------------------------
 
     def fork(self, inputs: Sequence[Any] | Mapping[str, Any], *, merge: str,
-             mode: str = "all", win_tier: str | int | None = None) -> list[str]:
+             mode: str = "all", win_tier: str | int | None = None,
+             require: str | None = None,
+             max_retries: int = DEFAULT_FORK_RETRIES) -> list[str]:
         """Fork one branch per input when this phase commits; returns the branch names.
 
         Each branch runs the phases between this one and ``merge`` (declared with
         ``@wf.merge``) from its input, in parallel. ``mode="all"``: ``merge`` runs once every
-        branch has finished, with all their final states in ``ctx.merged``. ``mode="race"``:
+        branch has finished or failed, with all of them in ``ctx.merged``. ``mode="race"``:
         the first branch to finish -- or to reach ``win_tier`` -- wins and the others are
-        discarded. The fork is written with this phase's checkpoint, in one statement."""
+        discarded; failed branches are recorded and the race goes on (the run fails only
+        when every branch failed). ``require="all"``: one failed branch fails the run.
+        ``max_retries``: how many branch retries the merge phase's review may ask for.
+        Called in a branch, it forks child branches that merge back into that branch. The
+        fork is written with this phase's checkpoint, in one statement."""
         if self.fork_plan is not None:
             raise RuntimeError("ctx.fork was already called in this phase")
+        if self.wait is not None:
+            raise WaitError("a phase that waits cannot also fork")
         self.fork_plan = plan_fork(self.workflow_def, self.phase, self.seq, self.branch,
-                                   inputs, merge, mode, win_tier)
+                                   inputs, merge, mode, win_tier, scope=self.fork_scope,
+                                   require=require, max_retries=max_retries)
         return self.fork_plan.names
+
+    def review_branches(self, decisions: Mapping[str, Any]) -> None:
+        """In a merge phase: decide per branch -- ``"accept"`` (the default), ``"discard"``,
+        ``"retry"`` / ``Retry()`` (same input) or ``Retry(input=...)``. With a retry the
+        merge phase runs again once the retried branches finish (phasegate/branch_review.py).
+        """
+        if self.review_plan is not None:
+            raise RuntimeError("ctx.review_branches was already called in this phase")
+        self.review_plan = plan_review(self.merged, decisions)
+
+    @property
+    def branching(self) -> ForkPlan | ReviewPlan | None:
+        """What this phase's commit must write beyond a checkpoint: a fork or a review."""
+        return self.fork_plan or self.review_plan
+    # -- waits ----------------------------------------------------------------------------
+
+    def defer_next(self, seconds: float | None = None, *,
+                   until: datetime | None = None) -> None:
+        """Make the next phase deliverable no earlier than ``seconds`` from this phase's commit
+        (database time) or than ``until`` (a timezone-aware datetime); at most a year ahead.
+        Committed with this phase: no worker is held while the run waits."""
+        self._set_wait(timer(seconds, until=until))
+
+    def wait_for_signal(self, name: str, *, timeout_s: float) -> None:
+        """Run the next phase when signal ``name`` arrives for this run (a signal already sent
+        counts), or after ``timeout_s``. The next phase sees the payload as ``ctx.signal``
+        (None on timeout)."""
+        self._set_wait(signal_wait(name, timeout_s))
+
+    def _set_wait(self, wait: Wait) -> None:
+        if self.wait is not None:
+            raise WaitError("this phase already asked for a wait (one per phase)")
+        if self.branch != "main" or self.fork_plan is not None:
+            raise WaitError("waits are for the main chain: not inside a branch or with a fork")
+        self.wait = wait
 
     def _steps(self) -> Steps:
         if self.steps is None:

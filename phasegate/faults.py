@@ -8,7 +8,9 @@ Points: ``after_receive``, ``mid_phase`` (inside a write step / before the phase
 ``after_commit`` (between commit and send), ``after_send`` (between send and delete),
 ``step_claimed`` (a write step's pre_execution record is committed, its function not yet
 called), ``step_effect`` (the write step's effect happened, its completed record not yet
-written). The chaos suite (bench/chaos) arms one point per worker process.
+written), ``mid_chain`` (a continued phase's successor is committed leased to this worker,
+the next phase not yet started: worker/continuation.py), ``relay_claimed`` (a relay leased rows
+to itself, not yet sent). The chaos suite (bench/chaos) arms one point per worker process.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import sys
 
 POINTS = frozenset({"after_receive", "mid_phase", "after_commit", "after_send",
-                    "step_claimed", "step_effect"})
+                    "step_claimed", "step_effect", "mid_chain", "relay_claimed"})
 
 
 class Faults:

@@ -38,6 +38,9 @@ OUTBOX_RELAYED = Counter(
 SQS_ERRORS = Counter("phasegate_sqs_errors_total", "SQS calls that failed.", ["action"])
 DB_ERRORS = Counter("phasegate_db_unavailable_total",
                     "Messages handed back because PostgreSQL could not be reached.")
+CONTINUED_HOPS = Counter(
+    "phasegate_continued_hops_total",
+    "Phases run locally right after the previous one committed (local continuation).")
 HEARTBEATS = Counter("phasegate_heartbeat_extensions_total",
                      "Visibility extensions sent for in-flight messages.")
 READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop receives.")

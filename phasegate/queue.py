@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -105,6 +106,9 @@ class SqsQueue:
         self._client = client
         self._stack: AsyncExitStack | None = None
         self.calls = 0
+        # Calls per action (receive, send, delete, change_visibility, depth): what the
+        # benchmarks and tests count (SQS bills and throttles per call and per action).
+        self.counts: Counter[str] = Counter()
 
     async def open(self) -> SqsQueue:
         if self._client is None:
@@ -136,6 +140,7 @@ class SqsQueue:
         assert 1 <= max_messages <= SQS_MAX_RECEIVE_BATCH
         assert 0 <= wait_time_s <= SQS_MAX_LONG_POLL_SECONDS
         self.calls += 1
+        self.counts["receive"] += 1
         response = await self._client.receive_message(
             QueueUrl=self.queue_url, MaxNumberOfMessages=max_messages,
             WaitTimeSeconds=wait_time_s, VisibilityTimeout=visibility_timeout_s,
@@ -152,6 +157,7 @@ class SqsQueue:
         failed: dict[str, str] = {}
         for batch in chunks(messages):
             self.calls += 1
+            self.counts["send"] += 1
             response = await self._client.send_message_batch(QueueUrl=self.queue_url, Entries=[
                 {"Id": str(i), "MessageBody": m.body, "MessageGroupId": m.group_id,
                  "MessageDeduplicationId": m.dedup_id} for i, m in enumerate(batch)])
@@ -164,6 +170,7 @@ class SqsQueue:
         failed: dict[str, str] = {}
         for batch in chunks(receipt_handles):
             self.calls += 1
+            self.counts["delete"] += 1
             response = await self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=[
                 {"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(batch)])
             for entry in response.get("Failed", []):
@@ -175,6 +182,7 @@ class SqsQueue:
         failed: dict[str, str] = {}
         for batch in chunks(entries):
             self.calls += 1
+            self.counts["change_visibility"] += 1
             response = await self._client.change_message_visibility_batch(
                 QueueUrl=self.queue_url, Entries=[
                     {"Id": str(i), "ReceiptHandle": h,
@@ -187,6 +195,7 @@ class SqsQueue:
 
     async def depth(self) -> QueueDepth:
         self.calls += 1
+        self.counts["depth"] += 1
         response = await self._client.get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=[
                 "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",

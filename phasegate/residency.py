@@ -39,7 +39,7 @@ from phasegate import audit
 from phasegate.db import pool_from_settings
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import migration_files, queries
-from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store, StoreError
+from phasegate.store import Lease, OutboxRow, PhaseCommit, RunPosition, Store, StoreError
 
 if TYPE_CHECKING:
     from phasegate.settings import Settings
@@ -180,17 +180,19 @@ class RegionalStore(Store):
 
     # -- the worker's reads and writes
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
-        position = await super().load_for_phase(workflow_id, branch)
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        position = await super().load_for_phase(workflow_id, branch, seq)
         if position is not None:
             self._remember(workflow_id, Residency(position.classification, position.region))
         return position
 
-    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
+                           lease: Lease | None = None, consumed: int | None = None
                            ) -> tuple[datetime, int | None] | None:
         found = await self.guard(commit.workflow_id)
-        result = await super().commit_phase(commit, successor_body)
+        result = await super().commit_phase(commit, successor_body, lease=lease,
+                                            consumed=consumed)
         if result is not None:
             audit.checkpoint_written(
                 workflow_id=commit.workflow_id, seq=commit.seq, branch=commit.branch,
@@ -298,13 +300,15 @@ class StoreRouter(Store):
             workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
             input=input, first_phase=first_phase, message=message)
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
-        return await self.for_run(workflow_id).load_for_phase(workflow_id, branch)
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        return await self.for_run(workflow_id).load_for_phase(workflow_id, branch, seq)
 
-    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
+                           lease: Lease | None = None, consumed: int | None = None
                            ) -> tuple[datetime, int | None] | None:
-        return await self.for_run(commit.workflow_id).commit_phase(commit, successor_body)
+        return await self.for_run(commit.workflow_id).commit_phase(
+            commit, successor_body, lease=lease, consumed=consumed)
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
                              max_attempts: int) -> tuple[int, str] | None:

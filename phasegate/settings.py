@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     # -- inside the room: a run resuming from a checkpoint older than this (database time)
     # re-fetches the versions of the resources it observed (phasegate/staleness.py).
     stale_after_s: float = Field(default=3600.0, ge=0)
+    # -- branches (phasegate/branches.py): how deep ctx.fork may nest (1 = no fork inside a
+    # branch) and how many branches of one run may be live at once; a fork beyond either
+    # fails its phase with the reason, writing nothing.
+    branch_max_depth: int = Field(default=3, ge=1, le=16)
+    branch_max_live: int = Field(default=64, ge=1, le=10000)
 
     # -- database
     db_pool_min: int = Field(default=1, ge=0)
@@ -118,6 +123,16 @@ class Settings(BaseSettings):
     relay_batch: int = Field(default=100, ge=1, le=10_000)
     # A run idle this long although its next message was sent: that message is resent.
     relay_stall_after_s: float = Field(default=300.0, gt=0)
+    # How long a relay's claim on the rows it is sending lasts: a relay that dies mid-send
+    # leaves them to another relay after this. Longer than one SendMessageBatch can take.
+    relay_claim_ttl_s: float = Field(default=30.0, gt=0)
+
+    # -- local continuation (worker/continuation.py): after committing a phase, run the next
+    # one in the same worker with the state in memory, at most this many hops / seconds per
+    # received message before handing the run back to the queue.
+    continuation: bool = True
+    continuation_max_hops: int = Field(default=16, ge=1)
+    continuation_max_s: float = Field(default=30.0, gt=0)
 
     # -- observability
     metrics_host: str = "0.0.0.0"
@@ -163,12 +178,33 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         default=SQS_MAX_MESSAGE_BYTES, ge=1024, le=16 * 1024 * 1024,
         description="Largest request body the API reads; larger is 413 before parsing.")
+    console_secure_cookie: Literal["auto", "true", "false"] = Field(
+        default="auto",
+        description="The console's login cookie carries `Secure`: `auto` when the request "
+                    "came over https (also behind a proxy setting `X-Forwarded-Proto`), "
+                    "`true` always, `false` never (plain-http port-forwards).")
+
+    # -- schedules (docs/how-to/schedules.md): fired by the orchestrator
+    schedules: str | None = Field(
+        default=None,
+        description='JSON [{"workflow": ..., "cron": ..., "input": ..., "name": ...}]: '
+                    "schedules of workflows the orchestrator does not load.")
+    schedule_catchup: Literal["none", "latest", "all"] = Field(
+        default="latest",
+        description="Ticks missed while no orchestrator ran: start none, the latest only, or "
+                    "all (at most schedule_catchup_max).")
+    schedule_catchup_max: int = Field(default=10, ge=1, le=1000, description=(
+        "With schedule_catchup=all: at most this many missed ticks per schedule are started "
+        "(the newest)."))
+    schedule_interval_s: float = Field(default=5.0, gt=0, le=60, description=(
+        "Seconds between two scans of the schedules (a tick fires at most this late)."))
 
     # -- TEST ONLY: kill the process at named points (see phasegate/faults.py). Off by default.
     faults: str = ""
     fault_seed: int = 0
 
-    @field_validator("log_level", "log_format", "api_auth", mode="before")
+    @field_validator("log_level", "log_format", "api_auth", "console_secure_cookie",
+                     "schedule_catchup", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
@@ -199,6 +235,17 @@ class Settings(BaseSettings):
                 raise ValueError("its default store differs from PHASEGATE_DATABASE_URL; "
                                  "set one of them, or both to the same DSN")
         return value or None
+
+    @field_validator("schedules")
+    @classmethod
+    def _schedules(cls, value: str | None) -> str | None:
+        from phasegate.schedules import ScheduleError, parse_schedules
+
+        try:
+            parse_schedules(value)
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("read_policy")
     @classmethod

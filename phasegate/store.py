@@ -19,7 +19,7 @@ from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
 from phasegate.group_commit import GroupCommit
 from phasegate.sql import queries
 
-__all__ = ["OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
+__all__ = ["Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
 
 
 class StoreError(Exception):
@@ -47,6 +47,8 @@ class RunPosition:
     # Data residency (phasegate/residency.py): fixed at start.
     classification: str = "internal"
     region: str | None = None
+    # The payload (JSON text) of the signal delivered to this seq (phasegate/waits.py).
+    signal_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,16 @@ class OutboxRow:
     group_id: str
     body: str
     sent_at: datetime | None = None
+    # A live lease (database time): a continuing worker or a relay takes care of the row.
+    leased: bool = False
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds an outbox row and for how long from now (database time)."""
+
+    holder: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,10 @@ class PhaseCommit:
     rerun_of: int | None = None
     error: str | None = None
     review_json: str | None = None
+    # A wait before the successor (phasegate/waits.py): all None for a plain advance.
+    wait_s: float | None = None
+    wait_until: datetime | None = None
+    wait_signal: str | None = None
 
 
 class Store:
@@ -128,12 +144,16 @@ class Store:
             classification, region)
         return outbox_id
 
-    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH
-                             ) -> RunPosition | None:
+    async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
+                             seq: int | None = None) -> RunPosition | None:
+        """``seq``: the message's; a ``waiting`` run is claimed (back to running) only by
+        the message of the seq it waits for, never by a late duplicate of an earlier one.
+        Shared with concurrent loads under group load (``load_for_phases`` does the same
+        per message)."""
         if self.group_load is not None:
-            row = await self.group_load.commit((workflow_id, branch))
+            row = await self.group_load.commit((workflow_id, branch, seq))
         else:
-            row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch)
+            row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch, seq)
         if row is None:
             return None
         return RunPosition(
@@ -143,15 +163,20 @@ class Store:
             input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
             state_json=row["state"], state_hash=row["state_hash"],
             state_version=row["state_version"], progress_json=row["progress"],
-            classification=row["classification"], region=row["region"])
+            classification=row["classification"], region=row["region"],
+            signal_json=row["signal"])
 
-    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None
+    async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
+                           lease: Lease | None = None, consumed: int | None = None
                            ) -> tuple[datetime, int | None] | None:
         """Run the one commit statement (shared with concurrent commits under group commit,
         phasegate/group_commit.py). None when the run was no longer at this seq.
 
         ``successor_body``: the successor's JSON when the caller already encoded it (the
-        worker sends the same string after the commit: one encoding per transition)."""
+        worker sends the same string after the commit: one encoding per transition).
+        ``lease``: write the successor leased (local continuation runs it; nobody sends it
+        while the lease lives). ``consumed``: the outbox id of the row that would have woken
+        this phase, never sent because the phase ran locally: marked sent by this commit."""
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
@@ -161,8 +186,15 @@ class Store:
                 commit.resource_versions_json, commit.worker_id, commit.trace_id,
                 successor.dedup_id if successor else None,
                 successor.group_id if successor else None, successor_body,
-                commit.outcome, commit.rerun_of, commit.error, commit.review_json)
-        if self.group_commit is not None:
+                commit.outcome, commit.rerun_of, commit.error, commit.review_json,
+                commit.wait_s, commit.wait_until, commit.wait_signal,
+                lease.holder if lease else None, lease.seconds if lease else 0.0, consumed)
+        # A wait (kept signal matched, row due later, run `waiting`) is the single-row
+        # statement's alone: commit_phases does not implement it, so those commits never join
+        # a group (and commit_phases refuses a row with a wait, which sends its batch to the
+        # single-row fallback, should one slip through).
+        waits = (commit.wait_s, commit.wait_until, commit.wait_signal) != (None, None, None)
+        if self.group_commit is not None and not waits:
             row = await self.group_commit.commit(args)
         else:
             row = await self.pool.fetchrow(self._q["commit_phase"], *args)
@@ -196,6 +228,24 @@ class Store:
     async def mark_sent(self, outbox_ids: Sequence[int]) -> None:
         if outbox_ids:
             await self.pool.execute(self._q["mark_sent"], list(outbox_ids))
+
+    async def claim_unsent(self, after_s: float, limit: int, lease: Lease) -> list[OutboxRow]:
+        """Claim due rows for sending (committed: see ``claim_unsent`` in queries.sql)."""
+        rows = await self.pool.fetch(self._q["claim_unsent"], after_s, limit, lease.holder,
+                                     lease.seconds)
+        return [OutboxRow(**dict(row)) for row in rows]
+
+    async def extend_leases(self, outbox_ids: Sequence[int], lease: Lease) -> set[int]:
+        """Extend ``lease.holder``'s leases; returns the ids still held."""
+        if not outbox_ids:
+            return set()
+        rows = await self.pool.fetch(self._q["extend_leases"], list(outbox_ids), lease.holder,
+                                     lease.seconds)
+        return {row["outbox_id"] for row in rows}
+
+    async def release_leases(self, outbox_ids: Sequence[int], holder: str) -> None:
+        if outbox_ids:
+            await self.pool.execute(self._q["release_leases"], list(outbox_ids), holder)
 
     async def outbox_lag_s(self) -> float:
         return float(await self.pool.fetchval(self._q["outbox_lag"]))

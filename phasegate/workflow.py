@@ -51,7 +51,14 @@ class Workflow:
     """A named, versioned sequence of phases."""
 
     def __init__(self, name: str, *, schema_version: int = 1,
-                 tiers: Sequence[tuple[str, Grader]] = ()) -> None:
+                 tiers: Sequence[tuple[str, Grader]] = (),
+                 concurrency_key: Callable[[Any], str] | None = None,
+                 max_concurrency: int | None = None,
+                 schedule: str | None = None, schedule_input: Any = None) -> None:
+        """``concurrency_key(input) -> str`` with ``max_concurrency=N``: at most N runs per key
+        are past their start at once, the rest wait ``queued`` (docs/how-to/concurrency.md).
+        ``schedule``: a cron expression (UTC); the orchestrator starts one run per tick with
+        ``schedule_input`` (docs/how-to/schedules.md)."""
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
@@ -59,6 +66,9 @@ class Workflow:
             raise WorkflowDefinitionError("schema_version must be >= 1")
         self.name = name
         self.schema_version = schema_version
+        self.concurrency_key, self.max_concurrency = _concurrency(
+            name, concurrency_key, max_concurrency)
+        self.schedule, self.schedule_input = _schedule(name, schedule, schedule_input)
         self._phases: dict[str, Phase] = {}
         try:
             self.tiers: list[Tier] = build_tiers(tiers)
@@ -171,6 +181,34 @@ class Workflow:
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, schema_version={self.schema_version}, " \
                f"phases={list(self._phases)})"
+
+
+def _concurrency(name: str, key: Callable[[Any], str] | None, limit: int | None
+                 ) -> tuple[Callable[[Any], str] | None, int]:
+    if key is None:
+        if limit is not None:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: max_concurrency needs a concurrency_key function")
+        return None, 0
+    if not callable(key):
+        raise WorkflowDefinitionError(f"workflow {name!r}: concurrency_key must be callable")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: concurrency_key needs max_concurrency, an int >= 1")
+    return key, limit
+
+
+def _schedule(name: str, cron: str | None, input: Any) -> tuple[str | None, Any]:
+    if cron is None:
+        if input is not None:
+            raise WorkflowDefinitionError(f"workflow {name!r}: schedule_input needs a schedule")
+        return None, None
+    from phasegate.schedules import ScheduleError, check_cron, check_input
+
+    try:
+        return check_cron(cron), check_input(input)
+    except ScheduleError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from None
 
 
 def _is_coroutine_function(fn: object) -> bool:

@@ -14,9 +14,13 @@ have_pg_binaries() {
   command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 }
 # What a stock Debian/Ubuntu machine lacks, installed in one apt-get run when we are root:
-# the PostgreSQL server binaries for the throwaway clusters, and python3-venv (Debian's
-# python3 ships without venv's ensurepip until it is installed).
+# the PostgreSQL server binaries for the throwaway clusters, python3-venv (Debian's
+# python3 ships without venv's ensurepip until it is installed), and Chromium for the
+# console's browser tests (Playwright drives /usr/bin/chromium; it never downloads a browser).
 os_packages=()
+if ! [ -x /usr/bin/chromium ] && [ -z "${PHASEGATE_SKIP_BROWSER:-}" ]; then  # skip: scripts/demo.sh
+  os_packages+=(chromium)
+fi
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
   os_packages+=(postgresql)
 fi
@@ -44,6 +48,9 @@ if [ ${#os_packages[@]} -gt 0 ]; then
           echo "$python has no venv module: install the python3-venv package" \
                "(sudo apt-get install python3-venv) and run this again" >&2
           exit 2 ;;
+        chromium)
+          echo "no /usr/bin/chromium: the console's browser tests will be skipped" \
+               "(sudo apt-get install chromium)" >&2 ;;
       esac
     done
   fi

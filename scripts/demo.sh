@@ -3,5 +3,6 @@
 # workflows, a SIGKILL mid-run, a live progress view and a summary. Args go to `phasegate demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+# The demo needs no browser: only the test command installs Chromium (the console tests).
+PHASEGATE_SKIP_BROWSER=1 bash scripts/bootstrap.sh
 exec .venv/bin/phasegate demo "$@"

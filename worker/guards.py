@@ -18,6 +18,7 @@ from phasegate.queue import Received
 from phasegate.steps import LedgerUnavailable
 from phasegate.storable import UnstorableValue, check_storable, check_storable_size
 from phasegate.tiers import Grade, Tier, grade
+from phasegate.waits import WaitError
 from phasegate.workflow import NonRetryableError, Phase, Workflow
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ async def attempt(phase: Phase, ctx: Context, state: Any, tiers: Sequence[Tier],
     try:
         new_state = await call_phase(phase, ctx, state, limit_s)
         return new_state, await grade(tiers, new_state)
-    except NonRetryableError as exc:
+    except (NonRetryableError, WaitError) as exc:  # a wrong wait is as wrong on every retry
         return Failed(exc, retryable=False)
     except LedgerUnavailable:
         raise  # our database: the transition hands the message back, budget not charged

@@ -21,6 +21,7 @@ import structlog
 
 from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
+from phasegate.branches import Bounds
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received
@@ -28,6 +29,7 @@ from phasegate.residency import StoreRouter
 from phasegate.settings import Settings
 from phasegate.store import Store
 from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.continuation import ContinuationConfig
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
 from phasegate.worker.probes import ProbeServer
@@ -184,10 +186,13 @@ class Worker:
                     retry_backoff_s=self.settings.retry_backoff_s,
                     retry_backoff_max_s=self.settings.retry_backoff_max_s,
                     stale_after_s=self.settings.stale_after_s,
-                    phase_timeout_s=self.settings.phase_timeout_s),
+                    phase_timeout_s=self.settings.phase_timeout_s,
+                    branch_bounds=Bounds(self.settings.branch_max_depth,
+                                         self.settings.branch_max_live)),
                 faults=self.faults, sender=sender,
                 # Outbox ids are per database: with several stores, mark each in its own.
-                mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent)
+                mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent,
+                continuation=self._continuation(), stopping=lambda: self._stop.is_set())
             side = {asyncio.create_task(coro, name=name) for name, coro in (
                 ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
                 ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
@@ -222,6 +227,15 @@ class Worker:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
             log.info("worker_stopped")
+
+    def _continuation(self) -> ContinuationConfig:
+        # Off with several stores (PHASEGATE_STORES): the heartbeat extends leases by outbox
+        # id, and outbox ids are per database.
+        return ContinuationConfig(
+            enabled=self.settings.continuation and not isinstance(self.store, StoreRouter),
+            max_hops=self.settings.continuation_max_hops,
+            max_s=self.settings.continuation_max_s,
+            lease_s=self.settings.visibility_timeout_s)
 
     def _uncommitted_seconds(self) -> list[float]:
         """Seconds each running phase has worked since its message was taken (uncommitted)."""
@@ -456,12 +470,24 @@ class Worker:
 
     # -- heartbeat ------------------------------------------------------------------------------
 
+    async def _extend_leases(self) -> None:
+        """The outbox leases of local chains live as long as their held messages do."""
+        if self.transition is None or not self.transition.leases.held:
+            return
+        try:
+            # Bounded: a database outage must not hold up the SQS visibility extensions.
+            await asyncio.wait_for(self.transition.leases.extend(), self.settings.heartbeat_s)
+        except Exception as exc:  # a lease that runs out only hands the run to another worker
+            metrics.DB_ERRORS.inc()
+            log.warning("lease_heartbeat_failed", error=type(exc).__name__)
+
     async def _heartbeat(self) -> None:
         """Extend the lease of every held message, so the visibility timeout can stay short
         and a dead worker's message comes back in seconds."""
         assert self.queue is not None
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)  # a period, not a synchronisation
+            await self._extend_leases()
             handles = list(self._held)
             if not handles:
                 continue

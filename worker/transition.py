@@ -14,6 +14,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,29 +22,29 @@ from typing import Any
 
 import asyncpg
 import structlog
-from pydantic import ValidationError
 
-from phasegate import metrics, redact, residency, tracing
+from phasegate import concurrency, metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
+from phasegate.branch_failures import halt as halt_branch
+from phasegate.branch_failures import record_failure as record_branch_failure
+from phasegate.branch_review import ReviewPlan, apply_discards, commit_review, merge_input
 from phasegate.branches import (
+    Bounds,
     BranchPosition,
     BranchResult,
     ForkPlan,
     Premature,
     commit_branch,
     commit_fork,
+    fork_scope,
     load_branch,
-    merge_input,
 )
-from phasegate.branches import halt as halt_branch
-from phasegate.branches import record_failure as record_branch_failure
 from phasegate.context import Context
 from phasegate.door import Door, Halt
 from phasegate.door import enter as enter_door
 from phasegate.door import settle as settle_door
 from phasegate.envelope import (
     MAIN_BRANCH,
-    WORKFLOW_ID_PATTERN,
     Envelope,
     phase_message,
     state_hash,
@@ -56,16 +57,24 @@ from phasegate.storable import UnstorableValue
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
 from phasegate.tiers import PhaseOutcome, decide
 from phasegate.versions import Corrupt, NeedsRestart, load_verified
+from phasegate.waits import Wait
 from phasegate.worker.batcher import MicroBatcher
+from phasegate.worker.continuation import (
+    Chain,
+    ContinuationConfig,
+    Hop,
+    Leases,
+    advance,
+    can_continue,
+)
 from phasegate.worker.guards import (
     MAX_TRANSITION_CRASHES,
     Failed,
     attempt,
-    group_mismatch,
     phase_timeout,
-    refused_start,
     storable,
 )
+from phasegate.worker.parsing import Poison, parse
 from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
@@ -89,17 +98,6 @@ class Settlement:
     visibility_s: int = 0
 
 
-@dataclass(frozen=True)
-class Poison:
-    code: str
-    detail: str
-    workflow_id: str | None = None
-
-    @property
-    def reason(self) -> str:
-        return f"{self.code}: {self.detail}"
-
-
 @dataclass
 class RunningPhase:
     ctx: Context
@@ -116,6 +114,8 @@ class TransitionConfig:
     retry_backoff_max_s: float
     stale_after_s: float = 3600.0
     phase_timeout_s: float = 0.0
+    # Nested branches: PHASEGATE_BRANCH_MAX_DEPTH / PHASEGATE_BRANCH_MAX_LIVE.
+    branch_bounds: Bounds = field(default_factory=Bounds)
     # The random source of the retry delays' jitter (seeded in tests; None: a shared one).
     jitter: random.Random | None = field(default=None, compare=False)
 
@@ -124,7 +124,9 @@ class PhaseTransition:
     def __init__(self, *, store: Store, queue: Queue, dlq: Queue, registry: Registry,
                  config: TransitionConfig, faults: Faults,
                  mark_sent: MicroBatcher[int] | None = None,
-                 sender: MicroBatcher[Outgoing] | None = None) -> None:
+                 sender: MicroBatcher[Outgoing] | None = None,
+                 continuation: ContinuationConfig | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.queue = queue
         self.dlq = dlq
@@ -139,7 +141,11 @@ class PhaseTransition:
         # on every call, half the cost of the line (~35 -> ~18 us, measured in bench/).
         self._phase_log = log.bind()
         # Commits in progress: shielded from shutdown's cancel, awaited before the pool closes.
-        self.durable: set[asyncio.Future[Settlement]] = set()
+        self.durable: set[asyncio.Future[Any]] = set()
+        # Local continuation (worker/continuation.py): the successor rows leased to this worker.
+        self.continuation = continuation or ContinuationConfig()
+        self.leases = Leases(store, config.worker_id, self.continuation.lease_s)
+        self._stopping = stopping
 
     async def handle(self, message: Received) -> Settlement:
         self.faults.hit("after_receive")
@@ -153,6 +159,9 @@ class PhaseTransition:
                     workflow=envelope.workflow), tracing.phase_span(envelope) as span:
                 settlement = await self.check_and_run(message, envelope, workflow)
                 span.set("phasegate.outcome", settlement.outcome)
+                if workflow.concurrency_key is not None \
+                        and settlement.outcome in concurrency.FREES_SLOT:
+                    await self.emit_admitted(envelope.workflow_id)
                 return settlement
         except DATABASE_DOWN as exc:
             metrics.DB_ERRORS.inc()
@@ -163,52 +172,26 @@ class PhaseTransition:
     # -- 1. parse -----------------------------------------------------------------------------
 
     def parse(self, message: Received) -> tuple[Envelope, Workflow] | Poison:
-        size = len(message.body.encode())
-        if size > self.config.max_message_bytes:
-            return Poison("oversized", f"{size} bytes > limit {self.config.max_message_bytes}")
-        try:
-            raw = json.loads(message.body)
-        except ValueError:
-            return Poison("not_json", "body is not valid JSON")
-        except RecursionError:  # the parser's own limit: deeper than anything we store
-            return Poison("too_deep", "body nests JSON deeper than the parser allows")
-        try:
-            envelope = Envelope.model_validate(raw)
-        except ValidationError as exc:
-            # Field names and error types only: pydantic's input echo may hold payload data.
-            # An unknown field's name is the producer's text: named only as "<unknown>".
-            fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
-                             else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
-            kinds = sorted({e["type"] for e in exc.errors()})
-            wid = raw.get("workflow_id") if isinstance(raw, dict) else None
-            return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                          wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.match(wid)
-                          else None)
-        workflow = self.registry.get(envelope.workflow)
-        if workflow is None:
-            return Poison("unknown_workflow",
-                          f"no loaded workflow has that name (loaded: {self.registry.names()})",
-                          envelope.workflow_id)
-        if envelope.phase is not None and workflow.get_phase(envelope.phase) is None:
-            return Poison("unknown_phase", f"workflow {workflow.name} has no such phase "
-                          f"(phases: {[p.name for p in workflow.phases]})", envelope.workflow_id)
-        unroutable = residency.unroutable(self.store, envelope)
-        if unroutable is not None:  # refused before anything is written anywhere
-            return Poison("unknown_region", unroutable, envelope.workflow_id)
-        refused = group_mismatch(message, envelope) or (
-            refused_start(envelope, workflow) if envelope.kind == "start" else None)
-        if refused is not None:  # before any row is written: nothing is left `running`
-            return Poison(*refused, envelope.workflow_id)
-        return envelope, workflow
+        return parse(message, max_message_bytes=self.config.max_message_bytes,
+                     registry=self.registry, store=self.store)
 
     # -- 2. check -----------------------------------------------------------------------------
 
     async def check_and_run(self, message: Received, envelope: Envelope,
                             workflow: Workflow) -> Settlement:
-        if envelope.kind == "start":
+        if envelope.kind == "start" and workflow.concurrency_key is not None:
+            taken = await concurrency.start(self.store, envelope, workflow)
+            if isinstance(taken, concurrency.Refused):  # nothing was written
+                return await self.quarantine(message, Poison(
+                    "concurrency_key", taken.reason, envelope.workflow_id))
+            if taken == "queued":  # its admission writes a new start message
+                log.info("queued")
+                return Settlement(Action.DELETE, "queued")
+        elif envelope.kind == "start":
             await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
         # A branch (phasegate/branches.py) has its own position; main's is the run row.
-        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch)
+        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch,
+                                                    envelope.seq)
                           if envelope.branch == MAIN_BRANCH
                           else load_branch(self.store, envelope.workflow_id, envelope.branch))
         if position is None:
@@ -290,6 +273,51 @@ class PhaseTransition:
     async def run(self, envelope: Envelope, workflow: Workflow, phase_name: str,
                   position: RunPosition, state: Any, door: Door | None = None,
                   merged: list[BranchResult] | None = None) -> Settlement:
+        """Run the phase, and while ``can_continue`` allows, the phases after it (local
+        continuation: worker/continuation.py); the received message is settled at the end."""
+        chain = Chain()
+        try:
+            while True:
+                step = await self.run_hop(envelope, workflow, phase_name, position, state,
+                                          chain, door, merged)
+                if isinstance(step, Settlement):
+                    return await self.end_chain(chain, step)
+                self.faults.hit("mid_chain")
+                envelope, phase_name, position, state = step
+                door, merged = None, None
+                structlog.contextvars.bind_contextvars(seq=envelope.seq)
+        except asyncio.CancelledError:
+            if chain.leased is not None:  # shutdown's cancel: the next worker takes the run now
+                self._durable(self.emit(chain.leased))
+            raise
+        finally:
+            self.leases.drop(chain.leased)
+
+    async def end_chain(self, chain: Chain, settlement: Settlement) -> Settlement:
+        """After a continued hop, the received message only woke the first one: delete it. A
+        leased row left unconsumed (the hop did not commit) goes out now, or for a retry when
+        its backoff ends (the lease is set to expire then, and the relay sends it)."""
+        if chain.hops == 0:
+            return settlement
+        row, chain.leased = chain.leased, None
+        if row is not None and settlement.action is Action.RELEASE:
+            await self.leases.expire_in(row, settlement.visibility_s)
+        elif row is not None:
+            self.leases.drop(row)
+            await self.emit(row)
+        return Settlement(Action.DELETE, settlement.outcome)
+
+    def _durable(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Runs to its end even if shutdown cancels the caller; awaited before the pool closes."""
+        future = asyncio.ensure_future(work)
+        self.durable.add(future)
+        future.add_done_callback(self.durable.discard)
+        return future
+
+    async def run_hop(self, envelope: Envelope, workflow: Workflow, phase_name: str,
+                      position: RunPosition, state: Any, chain: Chain,
+                      door: Door | None = None, merged: list[BranchResult] | None = None
+                      ) -> Settlement | Hop:
         door = door or Door()
         phase = workflow.get_phase(phase_name)
         assert phase is not None
@@ -302,7 +330,9 @@ class PhaseTransition:
             tier_attempt=door.tier_attempt, observed=Observations(workflow, door.resources),
             steps=Steps(PostgresLedger(self.store.pool), StepScope(
                 envelope.workflow_id, envelope.branch, envelope.seq, self.config.worker_id),
-                self.faults), merged=merged or [], workflow_def=workflow)
+                self.faults), merged=merged or [], workflow_def=workflow,
+            fork_scope=fork_scope(position),
+            signal=json.loads(position.signal_json) if position.signal_json else None)
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
         metrics.PHASES_IN_FLIGHT.inc()
@@ -326,12 +356,10 @@ class PhaseTransition:
         outcome = decide(workflow, phase, envelope.seq, graded, ctx.tier_attempt, door.rerun_of)
         self.faults.hit("mid_phase")
         # The durable part runs to its end even if shutdown cancels this task.
-        durable = asyncio.ensure_future(self.commit_and_emit(
+        committing: asyncio.Future[Settlement | Hop] = self._durable(self.commit_and_emit(
             envelope, workflow, phase_name, canonical, position, started, outcome,
-            ctx.observed.to_json(), ctx.fork_plan))
-        self.durable.add(durable)
-        durable.add_done_callback(self.durable.discard)
-        return await asyncio.shield(durable)
+            ctx.observed.to_json(), ctx.branching, ctx.wait, chain))
+        return await asyncio.shield(committing)
 
     async def fail(self, envelope: Envelope, phase_name: str, started: float,
                    exc: BaseException, *, retryable: bool) -> Settlement:
@@ -340,10 +368,14 @@ class PhaseTransition:
         error = described["error"]
         log.error("phase_error", phase=phase_name, retryable=retryable, **described)
         limit = self.config.max_attempts if retryable else 0
-        result = await (self.store.record_failure(envelope.workflow_id, envelope.seq, error, limit)
-                        if envelope.branch == MAIN_BRANCH else record_branch_failure(
-                            self.store, envelope.workflow_id, envelope.branch, envelope.seq,
-                            error, limit))
+        if envelope.branch == MAIN_BRANCH:
+            result = await self.store.record_failure(envelope.workflow_id, envelope.seq, error,
+                                                     limit)
+        else:  # a failed branch may fan its fork in (phasegate/branch_failures.py)
+            failure = await record_branch_failure(self.store, envelope, error, limit)
+            result = None if failure is None else (failure.attempts, failure.status)
+            for row in failure.outbox if failure is not None else []:
+                await self.emit(row)
         if result is None:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
@@ -362,7 +394,9 @@ class PhaseTransition:
                               canonical: str, position: RunPosition, started: float,
                               outcome: PhaseOutcome | None = None,
                               resources_json: str | None = None,
-                              fork: ForkPlan | None = None) -> Settlement:
+                              fork: ForkPlan | ReviewPlan | None = None,
+                              wait: Wait | None = None,
+                              chain: Chain | None = None) -> Settlement | Hop:
         phase = workflow.get_phase(phase_name)
         assert phase is not None
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
@@ -378,14 +412,24 @@ class PhaseTransition:
             state_hash=state_hash(canonical), next_phase=next_phase,
             status=outcome.status, worker_id=self.config.worker_id, successor=successor,
             tier=outcome.tier, tier_label=outcome.tier_label,
-            resource_versions_json=resources_json, **outcome.commit_fields())
+            resource_versions_json=resources_json, **outcome.commit_fields(),
+            **(wait.commit_fields() if wait and successor else {}))
         commit_started = time.monotonic()
+        if isinstance(fork, ReviewPlan) and not fork.retries:  # accept/discard: a plain commit
+            await apply_discards(self.store, envelope.workflow_id, fork, envelope.seq)
+            fork = None
         if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
             return await self.commit_branching(envelope, workflow, commit, position, fork,
                                                started, commit_started)
         body = successor.to_json() if successor is not None else None  # once: commit and send
+        chain = chain or Chain()
+        leasing = can_continue(self.continuation, chain, workflow=workflow, envelope=envelope,
+                               outcome=outcome, forking=fork is not None,
+                               waiting=wait is not None, stopping=self._stopping())
         with tracing.commit_span(envelope) as span:
-            result = await self.store.commit_phase(commit, body)
+            result = await self.store.commit_phase(
+                commit, body, lease=self.leases.lease if leasing else None,
+                consumed=chain.leased.outbox_id if chain.leased else None)
             span.set("checkpoint.success", result is not None)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
@@ -394,7 +438,14 @@ class PhaseTransition:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
         _, outbox_id = result
+        self.leases.drop(chain.leased)  # consumed by this commit
+        chain.leased = None
         self.faults.hit("after_commit")
+        if leasing and successor is not None and body is not None and outbox_id is not None:
+            row = OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body)
+            if not self._stopping():  # else SIGTERM came during the commit: hand off now
+                self._log_phase(envelope, phase_name, started, outcome.label, continued=True)
+                return advance(chain, self.leases, row, successor, position, commit)
         if successor is not None and body is not None and outbox_id is not None:
             await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
                             commit_started)
@@ -404,18 +455,25 @@ class PhaseTransition:
 
     async def commit_branching(self, envelope: Envelope, workflow: Workflow,
                                commit: PhaseCommit, position: RunPosition,
-                               fork: ForkPlan | None, started: float,
+                               fork: ForkPlan | ReviewPlan | None, started: float,
                                commit_started: float) -> Settlement:
-        """A fork, or a phase in a branch (phasegate/branches.py commits; the fan-in is decided
-        inside the branch's commit transaction). Then every message it left is sent."""
+        """A fork, a review that retries branches, or a phase in a branch
+        (phasegate/branches.py and branch_review.py commit; the fan-in is decided inside the
+        branch's commit transaction). Then every message it left is sent."""
         with tracing.commit_span(envelope) as span:
-            if isinstance(position, BranchPosition):
-                done = await commit_branch(self.store, commit, position, envelope, workflow)
+            if isinstance(fork, ForkPlan):  # on the main chain or nested in a branch
+                done = await commit_fork(self.store, commit, fork, envelope,
+                                         self.config.branch_bounds)
+            elif isinstance(fork, ReviewPlan):
+                done = await commit_review(self.store, commit, fork, envelope)
             else:
-                assert fork is not None
-                done = await commit_fork(self.store, commit, fork, envelope)
+                assert isinstance(position, BranchPosition)
+                done = await commit_branch(self.store, commit, position, envelope, workflow)
             span.set("checkpoint.success", done.committed)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
+        if done.refused is not None:  # out of bounds: nothing written, the phase fails
+            return await self.fail(envelope, commit.phase, started, done.refused,
+                                   retryable=False)
         if done.committed:
             self.faults.hit("after_commit")
             # A fork's start messages go out together (one SendMessageBatch with a sender).
@@ -449,9 +507,15 @@ class PhaseTransition:
             await self.store.mark_sent([row.outbox_id])
         return True
 
+    async def emit_admitted(self, workflow_id: str) -> None:
+        """Send the start messages of the runs this run's end admitted (concurrency.py)."""
+        rows = await concurrency.admitted_by(self.store, workflow_id)
+        await asyncio.gather(*(self.emit(row) for row in rows))
+
     async def ensure_successor(self, envelope: Envelope) -> None:
         row = await self.store.successor(envelope.workflow_id, envelope.branch, envelope.seq + 1)
-        if row is not None and row.sent_at is None:
+        # A live lease: a worker is running that phase itself (local continuation).
+        if row is not None and row.sent_at is None and not row.leased:
             await self.emit(row)
 
     # -- poison -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""``python -m bench.chaos --seed N --workflows N [--workers N] [--long]``: one chaos run.
+"""``python -m bench.chaos --seed N --workflows N [--workers N] [--long] [--branching N]``:
+one chaos run.
 
 Exit status 0 when every invariant held, 1 otherwise (the report names the failing invariant,
 the seed and the full fault schedule, which the same command line reproduces).
@@ -27,12 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pgbouncer", action="store_true",
                         help="workers and relay reach Postgres through PgBouncer "
                              "(transaction mode, 6 server connections)")
+    parser.add_argument("--branching", type=int, default=0, metavar="N",
+                        help="every Nth run is a branching run (a fork of 2 whose branches "
+                             "fork 2 again; invariant I8); 0: none")
     args = parser.parse_args(argv)
     report = run_chaos(ChaosConfig(seed=args.seed, workflows=args.workflows,
                                    workers=args.workers, long=args.long,
                                    concurrency=args.concurrency,
                                    drain_bound_s=args.drain_bound, log_dir=args.log_dir,
-                                   pgbouncer=args.pgbouncer))
+                                   pgbouncer=args.pgbouncer,
+                                   branching_every=args.branching))
     print(report.text(), flush=True)
     return 0 if report.ok else 1
 

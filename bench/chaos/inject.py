@@ -24,7 +24,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import PHASES, chaos
+from bench.chaos.workload import PHASES, chaos, is_tree
 from phasegate.envelope import dedup_id, phase_message, start_message
 from phasegate.orchestrator.embedded import EmbeddedPostgres
 
@@ -144,7 +144,8 @@ class Injector:
         with the original dedup id (inside the window: SQS drops it)."""
         if not self.run.started:
             return
-        picks = self.run.rng.sample(self.run.started, min(count, len(self.run.started)))
+        linear = [w for w in self.run.started if not is_tree(w)]  # envelopes of `chaos`
+        picks = self.run.rng.sample(linear, min(count, len(linear)))
         try:
             rows = await self.pool.fetch("SELECT workflow_id, next_seq, status FROM "
                                          "workflow_runs WHERE workflow_id = ANY($1)", picks)
@@ -164,7 +165,9 @@ class Injector:
                     self.run.fired[label] += 1
 
     async def _send_poison(self) -> None:
-        live = self.run.rng.choice(self.run.started) if self.run.started else "none"
+        # Poison names the `chaos` workflow: send it into the group of a linear run.
+        linear = [w for w in self.run.started if not is_tree(w)]
+        live = self.run.rng.choice(linear) if linear else "none"
         for kind in POISON_KINDS:
             poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)
             response = await self.client.send_message(

@@ -10,7 +10,11 @@ I4 phases committed in order, never two of one run at once: for every run,
 I5 every poison message quarantined with the expected reason code, no payload in the reason,
    and the run whose group it was sent into completed;
 I6 every fault kind in the schedule actually fired (counted);
-I7 the run drained within a bound after the last fault.
+I7 the run drained within a bound after the last fault;
+I8 (``--branching``) every chaos-tree run has exactly its 7 chains' checkpoints, each of its 3
+   forks fanned in once (one merge message, on the fork's parent chain) and saw every leaf.
+
+I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ import asyncpg
 
 from bench.chaos.downstream import Ledger
 from bench.chaos.poison import EXPECTED_CODE
-from bench.chaos.workload import FIRST_STEP_SEQ, PHASES, expected_key
+from bench.chaos.workload import (
+    FIRST_STEP_SEQ,
+    PHASES,
+    TREE_FANOUT,
+    expected_key,
+    is_tree,
+    tree_chains,
+)
 
 
 @dataclass(frozen=True)
@@ -60,20 +71,29 @@ async def check_all(dsn: str, *, started: list[str], ledger: Ledger,
             "created_at FROM checkpoints WHERE kind = 'phase' ORDER BY workflow_id, seq")
         quarantine = await connection.fetch("SELECT message_id, workflow_id, reason "
                                             "FROM quarantine")
+        forks = await connection.fetch(
+            "SELECT workflow_id, parent_branch, fork_seq, status, resolution FROM forks")
+        merges = await connection.fetch(
+            "SELECT workflow_id, branch, seq FROM outbox WHERE body LIKE '%\"kind\":\"merge\"%'")
     finally:
         await connection.close()
     chains: dict[str, list[asyncpg.Record]] = defaultdict(list)
     for row in checkpoints:
         chains[row["workflow_id"]].append(row)
-    return [
+    linear = [w for w in started if not is_tree(w)]
+    results = [
         i1_no_run_lost(started, runs),
-        i2_one_checkpoint_per_seq(started, chains),
+        i2_one_checkpoint_per_seq(linear, chains),
         i3_one_effect_per_key(started, chains, ledger),
-        i4_in_order_never_concurrent(started, chains, ledger),
+        i4_in_order_never_concurrent(linear, chains, ledger),
         i5_poison_quarantined(poisons, quarantine, runs),
         i6_faults_fired(faults_expected, faults_fired),
         i7_drained(drain_s, drain_bound_s),
     ]
+    trees = [w for w in started if is_tree(w)]
+    if trees:
+        results.append(i8_trees_merged_once(trees, chains, forks, merges))
+    return results
 
 
 def i1_no_run_lost(started: list[str], runs: dict[str, Any]) -> Result:
@@ -130,7 +150,8 @@ def i3_one_effect_per_key(started: list[str], chains: dict[str, list[asyncpg.Rec
             effect_id = ledger.effects.get(next(iter(keys)))
             if state.get("effects", [])[row["seq"]:row["seq"] + 1] != [effect_id]:
                 problems.append(f"{wid}/{row['seq']} checkpoint does not hold its effect id")
-    orphans = [k for k in keys_by_step if k[0] not in chains or k[2] >= len(chains[k[0]])]
+    committed = {(w, r["branch"], r["seq"]) for w in started for r in chains.get(w, [])}
+    orphans = [k for k in keys_by_step if k[:3] not in committed]
     if orphans:
         problems.append(f"effects for phases never committed: {_sample(orphans)}")
     return Result("I3 exactly one effect per idempotency key", not problems,
@@ -198,3 +219,34 @@ def i7_drained(drain_s: float | None, bound_s: float) -> Result:
     shown = "never drained" if drain_s is None else f"{drain_s:.1f}s"
     return Result("I7 drained within the bound after the last fault", ok,
                   f"{shown} after the last fault (bound {bound_s:.0f}s)")
+
+
+def i8_trees_merged_once(trees: list[str], chains: dict[str, list[asyncpg.Record]],
+                         forks: list[asyncpg.Record], merges: list[asyncpg.Record]) -> Result:
+    expected = {(branch, seq, phase) for branch, steps in tree_chains().items()
+                for seq, phase in steps}
+    expected_forks = {("main", 0)} | {(f"f0.b{a}", 1) for a in range(TREE_FANOUT)}
+    forks_by: dict[str, list[asyncpg.Record]] = defaultdict(list)
+    for fork in forks:
+        forks_by[fork["workflow_id"]].append(fork)
+    merges_by: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for merge in merges:
+        merges_by[merge["workflow_id"]].append((merge["branch"], merge["seq"]))
+    bad = []
+    for wid in trees:
+        rows = chains.get(wid, [])
+        got = [(r["branch"], r["seq"], r["phase"]) for r in rows]
+        if len(got) != len(set(got)) or set(got) != expected:
+            bad.append(f"{wid}: checkpoints {sorted(set(got) ^ expected)[:3]}")
+        its = forks_by.get(wid, [])
+        if {(f["parent_branch"], f["fork_seq"]) for f in its} != expected_forks or any(
+                (f["status"], f["resolution"]) != ("merged", "fan_in") for f in its):
+            bad.append(f"{wid}: forks {[tuple(f)[1:] for f in its]}")
+        if sorted(merges_by.get(wid, [])) != sorted((p, s + 1) for p, s in expected_forks):
+            bad.append(f"{wid}: merge messages {sorted(merges_by.get(wid, []))}")
+        final = [r for r in rows if r["branch"] == "main" and r["phase"] == "publish"]
+        if final and json.loads(final[0]["state"]).get("leaves") != TREE_FANOUT ** 2:
+            bad.append(f"{wid}: the final state did not see every leaf")
+    return Result("I8 every branching run: each chain once, each fork merged once", not bad,
+                  f"{len(trees)} branching runs, {len(forks)} forks, {len(merges)} merges"
+                  + (f"; {_sample(bad)}" if bad else ""))

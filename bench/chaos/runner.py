@@ -39,7 +39,7 @@ from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
+from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, TREE_PREFIX, chaos, chaos_tree
 from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
@@ -64,6 +64,8 @@ class ChaosConfig:
     # Workers and relay reach Postgres through PgBouncer in transaction mode
     # (commit-cut proxy -> PgBouncer -> server); the invariants are read directly.
     pgbouncer: bool = False
+    # Every Nth run is a chaos-tree run (nested branches under the same faults); 0: none.
+    branching_every: int = 0
 
 
 @dataclass
@@ -91,7 +93,9 @@ class Report:
         if not self.ok:
             lines += ["", f"reproduce: python -m bench.chaos --seed {self.config.seed} "
                       f"--workflows {self.config.workflows} --workers {self.config.workers}"
-                      + (" --long" if self.config.long else ""), "fault schedule:",
+                      + (" --long" if self.config.long else "")
+                      + (f" --branching {self.config.branching_every}"
+                         if self.config.branching_every else ""), "fault schedule:",
                       self.schedule_text]
         return "\n".join(lines)
 
@@ -312,11 +316,14 @@ class ChaosRun:
                 if delay > 0:
                     await asyncio.sleep(delay)  # the production pace of the schedule
                 await self._backpressure(pool)
-                wid = f"cx{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
+                every = self.config.branching_every
+                tree = every > 0 and i % every == 0
+                prefix = TREE_PREFIX if tree else "cx"
+                wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:
-                        await start_workflow(store, queue, workflow=chaos,
-                                             input={"i": i}, workflow_id=wid)
+                        await start_workflow(store, queue, workflow=chaos_tree if tree
+                                             else chaos, input={"i": i}, workflow_id=wid)
                         break
                     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                         await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly

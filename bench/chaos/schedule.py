@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 # Kill points inside the worker (phasegate/faults.py): each worker incarnation is armed with one
 # of these as ``point@N`` and restarted after it fires.
+# ``mid_chain``: local continuation is on (the default) in the fleet, so a worker also dies
+# between a continued phase's commit (its successor leased to it) and the next phase.
 KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "after_commit",
-               "after_send")
+               "after_send", "mid_chain")
 
 # SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
 SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped", "send_lost",

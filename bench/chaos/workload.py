@@ -1,5 +1,7 @@
 """The chaos workload: a 5-phase workflow whose every phase makes one write step against the
 downstream test service (bench/chaos/downstream.py), keyed by the step's idempotency key.
+With ``--branching`` a share of the runs is ``chaos-tree`` instead: a fork of 2 on main whose
+branches fork 2 again (6 branches, 3 forks, 11 phases), every phase making the same write step.
 
 Loaded by worker processes with ``PHASEGATE_WORKFLOW_MODULES=bench.chaos.workload``; the
 downstream's URL comes from ``PHASEGATE_CHAOS_DOWNSTREAM_URL``. ``chaos-other`` exists only so
@@ -79,6 +81,68 @@ def _make_phase(name: str) -> None:
 
 for _name in PHASES:
     _make_phase(_name)
+
+
+# -- the branching workload: plan -> [expand -> [leaf] x 2 -> collect] x 2 -> gather -> publish
+TREE_PREFIX = "ct"  # the workflow ids of chaos-tree runs start with it
+TREE_FANOUT = 2
+chaos_tree = Workflow("chaos-tree", schema_version=1)
+
+
+def is_tree(workflow_id: str) -> bool:
+    return workflow_id.startswith(TREE_PREFIX)
+
+
+def tree_chains() -> dict[str, list[tuple[int, str]]]:
+    """Every chain of a chaos-tree run and its checkpoints (seq, phase), exactly once."""
+    chains: dict[str, list[tuple[int, str]]] = {"main": [(0, "plan"), (1, "gather"),
+                                                          (2, "publish")]}
+    for a in range(TREE_FANOUT):
+        chains[f"f0.b{a}"] = [(1, "expand"), (2, "collect")]
+        for b in range(TREE_FANOUT):
+            chains[f"f0.b{a}.f1.b{b}"] = [(2, "leaf")]
+    return chains
+
+
+async def _tree_step(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    """The phase's work and write step; ``effects`` stays indexed by seq along every chain
+    (a branch's input carries the forking state's effects), as I3 checks."""
+    await asyncio.sleep(work_seconds(f"{ctx.workflow_id}/{ctx.branch}", ctx.seq))
+    effect = await write_step(ctx)
+    return {**state, "effects": [*state.get("effects", []), effect["effect_id"]]}
+
+
+@chaos_tree.phase("plan")
+async def tree_plan(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    state = await _tree_step(ctx, state)
+    ctx.fork([{"effects": state["effects"]}] * TREE_FANOUT, merge="gather")
+    return state
+
+
+@chaos_tree.phase("expand")
+async def tree_expand(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    state = await _tree_step(ctx, state)
+    ctx.fork([{"effects": state["effects"]}] * TREE_FANOUT, merge="collect")
+    return state
+
+
+@chaos_tree.phase("leaf")
+async def tree_leaf(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return {**await _tree_step(ctx, state), "leaves": 1}
+
+
+async def _tree_merge(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    state = await _tree_step(ctx, state)
+    return {**state, "leaves": sum(r.state["leaves"] for r in ctx.merged if r.ok)}
+
+
+chaos_tree.merge("collect")(_tree_merge)
+chaos_tree.merge("gather")(_tree_merge)
+
+
+@chaos_tree.phase("publish")
+async def tree_publish(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return await _tree_step(ctx, state)
 
 
 @chaos_other.phase("only")

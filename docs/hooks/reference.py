@@ -62,6 +62,11 @@ MEANINGS: dict[str, str] = {
                        "(0 = no limit; `@wf.phase(name, timeout_s=...)` overrides)",
     "stale_after_s": "A run resuming from an older checkpoint re-checks its observed resources "
                      "([staleness envelope](../concepts/inside-a-phase.md#staleness-envelope))",
+    "branch_max_depth": "How deep `ctx.fork` may nest (1: no fork inside a branch); a deeper fork "
+                        "fails its phase with `ForkError` and writes nothing "
+                        "([branches](../concepts/branches.md#nested-branches))",
+    "branch_max_live": "Branches of one run live at once, at most; a fork that would pass it "
+                       "fails its phase with `ForkError` and writes nothing",
     "db_pool_min": "Connections per worker, at least (keep small: pods × pool ≤ server)",
     "db_pool_max": "Connections per worker, at most",
     "db_connect_timeout_s": "One connection attempt",
@@ -72,6 +77,15 @@ MEANINGS: dict[str, str] = {
     "relay_stall_after_s": "A run that has not moved this long although its message was sent "
                            "gets the message again under a new dedup id (a lost message never "
                            "strands work)",
+    "relay_claim_ttl_s": "How long a relay's claim on the rows it is sending lasts; rows of a "
+                         "relay that died mid-send go to another relay after this",
+    "continuation": "Local continuation (`on`/`off`): after a commit the worker runs the next "
+                    "phase itself with the state in memory, the successor row leased to it "
+                    "([The phase transition](../concepts/transition.md#local-continuation))",
+    "continuation_max_hops": "Phases one received message may continue locally before the "
+                             "run is handed back to the queue",
+    "continuation_max_s": "Seconds a local chain may run before the run is handed back to the "
+                          "queue (checked between phases)",
     "metrics_host": "Worker `/metrics`, `/healthz`, `/readyz`: listen address",
     "metrics_port": "Worker `/metrics`, `/healthz`, `/readyz`: port",
     "log_level": "Log level (for the standard-library loggers too; the AWS SDK, httpx and "

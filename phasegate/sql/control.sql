@@ -6,7 +6,7 @@
 -- name: get_run
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
        schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
-       classification, region
+       classification, region, due_at, waiting_for
   FROM workflow_runs
  WHERE workflow_id = $1;
 
@@ -15,7 +15,7 @@ SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
 -- fixed `AND column = $n` fragments (never by request text); see orchestrator/views.py.
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
        schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
-       classification, region
+       classification, region, due_at, waiting_for
   FROM workflow_runs
  WHERE true /*filters*/
  ORDER BY created_at DESC, workflow_id DESC
@@ -56,7 +56,8 @@ SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS r
 SELECT status, workflow, current_phase AS phase, tier, tier_label, count(*) AS runs,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
   FROM workflow_runs
- WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart')
+ WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart', 'queued',
+                  'waiting')
  GROUP BY status, workflow, current_phase, tier, tier_label
 UNION ALL
 SELECT status, workflow, NULL, NULL, NULL, count(*), NULL
@@ -103,7 +104,8 @@ SELECT (SELECT outbox_id FROM ob) AS outbox_id;
 -- A phase running now will fail its commit condition (status = 'running') and change nothing.
 WITH run AS (
     UPDATE workflow_runs
-       SET status = 'cancelled', updated_at = now(), finished_at = now()
+       SET status = 'cancelled', updated_at = now(), finished_at = now(), due_at = NULL,
+           waiting_for = NULL
      WHERE workflow_id = $1 AND status = $2
     RETURNING workflow_id, next_seq, epoch
 ), act AS (

@@ -28,11 +28,15 @@ WITH run AS (
 SELECT (SELECT outbox_id FROM ob) AS outbox_id;
 
 -- name: load_for_phase
--- Check + claim + load in one round trip: the run row (moved pending -> running), the state
--- committed at the previous door, and the latest in-phase progress for the seq about to run.
+-- Check + claim + load in one round trip: the run row (moved pending -> running, or waiting
+-- -> running by the message of the seq it waits for: $3), the state committed at the
+-- previous door, the latest in-phase progress for the seq about to run, and the payload of
+-- the signal delivered to that seq (0010; NULL: none).
 WITH claimed AS (
-    UPDATE workflow_runs SET status = 'running', updated_at = now()
-    WHERE workflow_id = $1 AND status = 'pending'
+    UPDATE workflow_runs SET status = 'running', updated_at = now(), due_at = NULL,
+                             waiting_for = NULL
+    WHERE workflow_id = $1
+      AND (status = 'pending' OR (status = 'waiting' AND next_seq = $3::int AND $2 = 'main'))
     RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
               schema_version, input::text AS input, attempts, epoch, classification, region
 ), run AS (
@@ -45,7 +49,7 @@ WITH claimed AS (
 )
 SELECT run.*,
        c.state::text AS state, c.state_hash, c.schema_version AS state_version,
-       e.state::text AS progress
+       e.state::text AS progress, s.payload::text AS signal
 FROM run
 -- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
 -- checkpoint of the run and filter afterwards, a cost that grew with every phase.
@@ -60,19 +64,32 @@ LEFT JOIN LATERAL (
     WHERE e.workflow_id = $1 AND e.branch = $2
       AND e.seq = run.next_seq AND e.kind = 'emergency'
     ORDER BY e.checkpoint_id DESC LIMIT 1
-) e ON true;
+) e ON true
+LEFT JOIN LATERAL (
+    SELECT payload FROM signals s
+    WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = run.next_seq
+    LIMIT 1
+) s ON true;
 
 -- name: load_for_phases
 -- Group load (phasegate/group_commit.py): load_for_phase for many messages in ONE statement.
--- $1/$2: arrays of workflow ids and branches, one element per message. Returns one row per
--- message whose run exists, with its ordinal `i` (1-based); the same run named twice (a
--- duplicate delivery) is claimed once and returned for both.
+-- $1/$2/$3: arrays of workflow ids, branches and seqs, one element per message. Returns one
+-- row per message whose run exists, with its ordinal `i` (1-based). Per message, as
+-- load_for_phase: a pending run is claimed; a waiting run only by a main-branch message of the
+-- seq it waits for (its due time and wait cleared); the signal delivered to next_seq comes
+-- back. The same run named twice (a duplicate delivery) is claimed once and returned for both.
 WITH batch AS (
-    SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS b(workflow_id, branch, i)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::integer[])
+                  WITH ORDINALITY AS b(workflow_id, branch, seq, i)
 ), claimed AS (
-    UPDATE workflow_runs r SET status = 'running', updated_at = now()
-      FROM (SELECT DISTINCT workflow_id FROM batch) ids
-     WHERE r.workflow_id = ids.workflow_id AND r.status = 'pending'
+    UPDATE workflow_runs r SET status = 'running', updated_at = now(), due_at = NULL,
+                               waiting_for = NULL
+     WHERE r.workflow_id IN (SELECT workflow_id FROM batch)
+       AND (r.status = 'pending'
+            OR (r.status = 'waiting'
+                AND EXISTS (SELECT 1 FROM batch w
+                             WHERE w.workflow_id = r.workflow_id AND w.branch = 'main'
+                               AND w.seq = r.next_seq)))
     RETURNING r.workflow_id, r.workflow, r.status, r.next_seq, r.base_seq, r.current_phase,
               r.schema_version, r.input::text AS input, r.attempts, r.epoch, r.classification,
               r.region
@@ -87,7 +104,7 @@ WITH batch AS (
 )
 SELECT b.i, run.*,
        c.state::text AS state, c.state_hash, c.schema_version AS state_version,
-       e.state::text AS progress
+       e.state::text AS progress, s.payload::text AS signal
   FROM batch b
   JOIN run ON run.workflow_id = b.workflow_id
   LEFT JOIN LATERAL (
@@ -101,16 +118,39 @@ SELECT b.i, run.*,
      WHERE e.workflow_id = b.workflow_id AND e.branch = b.branch
        AND e.seq = run.next_seq AND e.kind = 'emergency'
      ORDER BY e.checkpoint_id DESC LIMIT 1
-  ) e ON true;
+  ) e ON true
+  LEFT JOIN LATERAL (
+    SELECT payload FROM signals s
+     WHERE s.workflow_id = b.workflow_id AND b.branch = 'main'
+       AND s.consumed_seq = run.next_seq
+     LIMIT 1
+  ) s ON true;
 
 -- name: commit_phase
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.
 -- $18-$21 are null for a phase that simply advanced; a below-tier retry/escalation or a
 -- re-run sets the checkpoint's outcome and rerun_of and the run's error/review.
-WITH run AS (
+-- $22-$24 (0010, phasegate/waits.py) are null unless the phase asked for a wait: a delay in
+-- seconds or a moment, and a signal's name. The successor's row is then due at that time
+-- (database time) and the run is `waiting`; a signal already kept for the run is matched
+-- here (it makes the row due now). outbox_id comes back only for a row due now: the worker
+-- sends those, the relay sends the others when they fall due. $25-$27: local continuation's
+-- leases (null/0/null without it; never together with a wait, worker/continuation.py).
+WITH kept AS (
+    SELECT min(signal_id) AS signal_id FROM signals
+     WHERE $24::text IS NOT NULL AND workflow_id = $1 AND name = $24 AND consumed_seq IS NULL
+), due AS (
+    SELECT CASE WHEN $9 <> 'running' OR $15::text IS NULL THEN NULL
+                WHEN (SELECT signal_id FROM kept) IS NOT NULL THEN now()
+                ELSE coalesce($23::timestamptz, now() + make_interval(secs => $22::float8))
+           END AS at
+), run AS (
     UPDATE workflow_runs
-       SET next_seq = $3 + 1, current_phase = $8, status = $9, attempts = 0, error = $20,
+       SET next_seq = $3 + 1, current_phase = $8, attempts = 0, error = $20,
+           status = CASE WHEN (SELECT at FROM due) IS NULL THEN $9 ELSE 'waiting' END,
+           due_at = (SELECT at FROM due),
+           waiting_for = CASE WHEN (SELECT at FROM due) IS NOT NULL THEN $24::text END,
            tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
            updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
      WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
@@ -123,33 +163,58 @@ WITH run AS (
            $18, $19
       FROM run
     RETURNING created_at
+), sig AS (
+    UPDATE signals SET consumed_seq = $3 + 1, consumed_at = now()
+     WHERE signal_id = (SELECT signal_id FROM kept) AND EXISTS (SELECT 1 FROM run)
+       AND (SELECT at FROM due) IS NOT NULL
+    RETURNING signal_id
 ), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17 FROM run WHERE $15::text IS NOT NULL
-    RETURNING outbox_id
+    -- $25: a worker that continues the run itself (worker/continuation.py) writes the
+    -- successor leased to itself for $26 seconds; nobody sends it while the lease is live.
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at,
+                        lease_holder, lease_until)
+    SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, (SELECT at FROM due), $25::text,
+           CASE WHEN $25::text IS NOT NULL THEN now() + make_interval(secs => $26::float8) END
+      FROM run WHERE $15::text IS NOT NULL
+    RETURNING outbox_id, due_at
+), consumed AS (
+    -- $27: a continued hop's own row, never sent (the hop ran locally): spent by this commit.
+    UPDATE outbox SET sent_at = now()
+     WHERE outbox_id = $27::bigint AND sent_at IS NULL AND EXISTS (SELECT 1 FROM run)
 )
-SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) AS outbox_id;
+SELECT (SELECT created_at FROM cp) AS committed_at,
+       (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
+       (SELECT count(*) FROM sig) AS signals_matched;
 
 -- name: commit_phases
--- Group commit (phasegate/group_commit.py): commit_phase for many runs in ONE statement. $1-$21
+-- Group commit (phasegate/group_commit.py): commit_phase for many runs in ONE statement. $1-$27
 -- are arrays of commit_phase's arguments, one element per commit. Each row's condition is
 -- checked on its own: a stale commit (run moved on, or not running) only loses its own row.
 -- Two commits of one run and seq in a batch (a duplicate delivery) update the run once; the
 -- one whose ordinal the UPDATE returns wins, and only its checkpoint and outbox row are
 -- written. Returns one row per winning commit: its ordinal (1-based), commit time, outbox id.
+-- Leases and a consumed row ($25-$27) are written per row as commit_phase does. Waits
+-- ($22-$24: a due time, a kept signal matched, the run `waiting`) are NOT implemented here:
+-- the store sends a commit with a wait alone (commit_phase), and a row with one makes this
+-- statement fail (the cast below), so its batch falls back to commit_phase row by row.
 WITH batch AS (
     SELECT *
       FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::integer[],
                   $6::text[], $7::text[], $8::text[], $9::text[], $10::integer[], $11::text[],
                   $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
-                  $18::text[], $19::integer[], $20::text[], $21::text[])
+                  $18::text[], $19::integer[], $20::text[], $21::text[], $22::float8[],
+                  $23::timestamptz[], $24::text[], $25::text[], $26::float8[], $27::bigint[])
            WITH ORDINALITY AS b(workflow_id, branch, seq, phase, schema_version, state,
                                 state_hash, next_phase, status, tier, tier_label,
                                 resource_versions, worker_id, trace_id, dedup_id, group_id,
-                                body, outcome, rerun_of, error, review, i)
+                                body, outcome, rerun_of, error, review, wait_s, wait_until,
+                                wait_signal, lease_holder, lease_s, consumed, i)
+     WHERE CASE WHEN wait_s IS NULL AND wait_until IS NULL AND wait_signal IS NULL THEN true
+                ELSE ('commit_phases takes no wait: ' || workflow_id)::boolean END
 ), run AS (
     UPDATE workflow_runs r
        SET next_seq = b.seq + 1, current_phase = b.next_phase, status = b.status, attempts = 0,
+           due_at = NULL, waiting_for = NULL,
            error = b.error, tier = b.tier, tier_label = b.tier_label,
            review = coalesce(b.review::jsonb, r.review),
            updated_at = now(), finished_at = CASE WHEN b.status = 'completed' THEN now() END
@@ -167,12 +232,19 @@ WITH batch AS (
       FROM won
     RETURNING workflow_id, created_at
 ), ob AS (
-    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
-    SELECT workflow_id, branch, seq + 1, dedup_id, group_id, body
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, lease_holder,
+                        lease_until)
+    SELECT workflow_id, branch, seq + 1, dedup_id, group_id, body, lease_holder,
+           CASE WHEN lease_holder IS NOT NULL THEN now() + make_interval(secs => lease_s) END
       FROM won WHERE dedup_id IS NOT NULL
     RETURNING workflow_id, outbox_id
+), consumed AS (
+    -- A continued hop's own row, never sent (the hop ran locally): spent by its commit.
+    UPDATE outbox SET sent_at = now()
+     WHERE outbox_id IN (SELECT consumed FROM won WHERE consumed IS NOT NULL)
+       AND sent_at IS NULL
 )
-SELECT won.i, cp.created_at AS committed_at, ob.outbox_id
+SELECT won.i, cp.created_at AS committed_at, ob.outbox_id, 0::bigint AS signals_matched
   FROM won JOIN cp ON cp.workflow_id = won.workflow_id
   LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
 
@@ -194,25 +266,61 @@ UPDATE workflow_runs
 RETURNING workflow_id;
 
 -- name: successor
--- The message a committed seq left behind (the newest, if a retry wrote another).
-SELECT outbox_id, dedup_id, group_id, body, sent_at
-  FROM outbox
- WHERE workflow_id = $1 AND branch = $2 AND seq = $3
- ORDER BY outbox_id DESC
- LIMIT 1;
+-- The message a committed seq left behind (the newest, if a retry wrote another), and whether
+-- a live lease says someone else takes care of it (database time). A row not due yet (a wait,
+-- 0010) is left to the relay: a late duplicate of the waiting phase's message must not send
+-- it early.
+SELECT outbox_id, dedup_id, group_id, body, sent_at, leased
+  FROM (SELECT outbox_id, dedup_id, group_id, body, sent_at, due_at,
+               coalesce(lease_until > now(), false) AS leased
+          FROM outbox
+         WHERE workflow_id = $1 AND branch = $2 AND seq = $3
+         ORDER BY outbox_id DESC
+         LIMIT 1) latest
+ WHERE due_at IS NULL OR due_at <= now();
 
 -- name: mark_sent
 UPDATE outbox SET sent_at = now() WHERE outbox_id = ANY($1::bigint[]) AND sent_at IS NULL;
 
 -- name: claim_unsent
--- Relay: rows still unsent some seconds after commit (database time). SKIP LOCKED lets
--- several relays share the work without sending a row twice at once.
-SELECT outbox_id, dedup_id, group_id, body
-  FROM outbox
- WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => $1)
- ORDER BY outbox_id
- LIMIT $2
- FOR UPDATE SKIP LOCKED;
+-- Relay: claim the rows that are due, in one short statement that commits before anything is
+-- sent (no transaction or row lock held across the SQS call; fine behind PgBouncer in
+-- transaction mode). Due: unsent, no live lease, and either a wait's due time (0010) has
+-- come, or the lease expired (a worker's chain died: send at once), or, never leased and
+-- never deferred, it was committed $1 seconds ago (database time). The claim is itself a
+-- lease ($3 = the relay's id, $4 seconds): a relay that dies mid-send leaves its rows to
+-- another relay once the claim expires. SKIP LOCKED lets relays racing for the same rows
+-- split them.
+WITH due AS (
+    SELECT outbox_id
+      FROM outbox
+     WHERE sent_at IS NULL
+       AND (lease_until IS NULL OR lease_until <= now())
+       AND (due_at <= now()
+            OR (due_at IS NULL
+                AND coalesce(lease_until, created_at + make_interval(secs => $1)) <= now()))
+     ORDER BY outbox_id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+   SET lease_holder = $3, lease_until = now() + make_interval(secs => $4)
+  FROM due
+ WHERE o.outbox_id = due.outbox_id
+RETURNING o.outbox_id, o.dedup_id, o.group_id, o.body;
+
+-- name: extend_leases
+-- A worker's heartbeat: its chains' leased rows ($1) live $3 seconds more. Only rows still
+-- leased to it ($2) and unsent: a lease that expired and was claimed by a relay stays lost.
+UPDATE outbox SET lease_until = now() + make_interval(secs => $3)
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL
+RETURNING outbox_id;
+
+-- name: release_leases
+-- Give up leases ($2's) on rows that stay unsent: the relay sends them on its next rounds
+-- (a failed relay send, a continued hop that will be retried).
+UPDATE outbox SET lease_holder = NULL, lease_until = NULL
+ WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL;
 
 -- name: requeue_stalled
 -- Relay: a run that has not moved for $1 seconds although the message that wakes it was sent
@@ -227,7 +335,7 @@ WITH stalled AS (
           SELECT outbox_id, sent_at FROM outbox o
            WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
            ORDER BY outbox_id DESC LIMIT 1) o ON true
-     WHERE r.status IN ('pending', 'running')
+     WHERE r.status IN ('pending', 'running', 'waiting')
        AND r.updated_at < now() - make_interval(secs => $1)
        AND o.sent_at < now() - make_interval(secs => $1)
      LIMIT $2
@@ -239,9 +347,13 @@ UPDATE outbox SET sent_at = NULL,
 RETURNING outbox.workflow_id;
 
 -- name: outbox_lag
--- Age of the oldest unsent outbox row, in seconds (0 when none).
-SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag_s
-  FROM outbox WHERE sent_at IS NULL;
+-- Age of the oldest unsent outbox row, in seconds (0 when none); a wait's row counts from
+-- its due time, and not at all before it. A row under a live lease is being taken care of
+-- (a continued chain, a relay mid-send).
+SELECT coalesce(extract(epoch FROM now() - min(coalesce(due_at, created_at))), 0)::float8
+       AS lag_s
+  FROM outbox WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now())
+   AND (lease_until IS NULL OR lease_until <= now());
 
 -- name: quarantine
 INSERT INTO quarantine (message_id, workflow_id, reason, body_bytes, worker_id)
@@ -365,7 +477,7 @@ SELECT r.workflow, (r.next_seq = r.base_seq) AS at_input, c.schema_version AS ve
   LEFT JOIN checkpoints c
          ON c.workflow_id = r.workflow_id AND c.branch = 'main' AND c.seq = r.next_seq - 1
         AND c.kind = 'phase'
- WHERE r.status IN ('pending', 'running', 'awaiting_review')
+ WHERE r.status IN ('pending', 'running', 'awaiting_review', 'waiting')
  GROUP BY 1, 2, 3
  ORDER BY 1, 2, 3;
 

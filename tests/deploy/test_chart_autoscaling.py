@@ -44,8 +44,8 @@ def test_minimal_values_with_keda_scale_to_zero_on_the_queue(helm_home):
     assert autoscalers(rendered) == ["ScaledObject"]
     spec = rendered.one("ScaledObject")["spec"]
     assert spec["minReplicaCount"] == 0
-    (trigger,) = spec["triggers"]
-    assert trigger["type"] == "aws-sqs-queue"
+    trigger, timers = spec["triggers"]  # the queue, and waits due soon (test_chart_timers.py)
+    assert trigger["type"] == "aws-sqs-queue" and timers["type"] == "metrics-api"
     assert trigger["metadata"]["scaleOnInFlight"] == "true"
     auth = rendered.one("TriggerAuthentication")
     assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"],

@@ -68,7 +68,8 @@ def test_hpa_scales_on_visible_plus_inflight(rendered):
     assert spec["scaleTargetRef"] == {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "name": r.one("Deployment", "-worker")["metadata"]["name"]}
-    (metric,) = spec["metrics"]
+    metric, timers = spec["metrics"]  # the queue; waits due soon (test_chart_timers.py)
+    assert timers["external"]["metric"]["name"] == "phasegate_timers_due_soon"
     assert metric["type"] == "External"
     assert metric["external"]["metric"]["name"] == EXPORTED_QUEUE_METRIC
     (expr,) = metric["external"]["metric"]["selector"]["matchExpressions"]
@@ -84,7 +85,7 @@ def test_prometheus_adapter_rule_serves_the_hpa_metric(rendered):
     r = rendered["default"]
     hpa_metric = r.one("HorizontalPodAutoscaler")["spec"]["metrics"][0]["external"]["metric"]
     cm = r.one("ConfigMap", "-prometheus-adapter-rules")
-    (rule,) = yaml.safe_load(cm["data"]["config.yaml"])["externalRules"]
+    rule, _timers = yaml.safe_load(cm["data"]["config.yaml"])["externalRules"]
     assert rule["name"]["as"] == hpa_metric["name"] == EXPORTED_QUEUE_METRIC
     assert rule["seriesQuery"].startswith(EXPORTED_QUEUE_METRIC + "{")
     assert rule["resources"]["overrides"]["namespace"]["resource"] == "namespace"
@@ -117,7 +118,8 @@ def test_keda_scaledobject_fields(scenario, rendered):
     assert so["minReplicaCount"] == 0
     assert so["maxReplicaCount"] == values["autoscaling"]["maxReplicas"]
     assert so["scaleTargetRef"]["name"] == r.one("Deployment", "-worker")["metadata"]["name"]
-    (trigger,) = so["triggers"]
+    trigger, timers = so["triggers"]  # the queue; waits due soon (test_chart_timers.py)
+    assert timers["type"] == "metrics-api"
     assert trigger["type"] == "aws-sqs-queue"
     meta = trigger["metadata"]
     assert meta["queueURL"] == values["config"]["queueUrl"]

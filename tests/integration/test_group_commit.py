@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
@@ -19,7 +20,7 @@ import pytest
 from phasegate.db import create_pool
 from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
 from phasegate.group_commit import GroupCommit
-from phasegate.store import PhaseCommit, Store
+from phasegate.store import Lease, PhaseCommit, Store
 from tests.helpers import fetch, fetchval, wait_for
 
 # Long enough that no batch in these tests is sent by the timer: only by the lock's release.
@@ -332,3 +333,132 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
                            "WHERE workflow_id LIKE 'wf_gl_%' ORDER BY 1")
     assert [tuple(r) for r in statuses] == [("wf_gl_head", "running"), ("wf_gl_moved", "running"),
                                             ("wf_gl_pending", "running")]
+
+
+async def test_leases_and_spent_rows_are_written_per_row_in_a_batch(database_url):
+    """Local continuation's commits go grouped: each successor is leased to its holder for its
+    own seconds (or not leased), and each continued hop's own row is spent, as commit_phase
+    does for one."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_gc_head", "wf_gc_lease_a", "wf_gc_lease_b", "wf_gc_plain")
+        own_row = await fetchval(database_url, "SELECT outbox_id FROM outbox "
+                                 "WHERE workflow_id = 'wf_gc_lease_a' AND seq = 0")
+        async with held(database_url, "wf_gc_head"):
+            head = submitted(store, [commit_of("wf_gc_head")])
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head commit waiting on the held row")
+            batch = [
+                asyncio.ensure_future(store.commit_phase(
+                    commit_of("wf_gc_lease_a"), lease=Lease("w-a", 600.0), consumed=own_row)),
+                asyncio.ensure_future(store.commit_phase(
+                    commit_of("wf_gc_lease_b"), lease=Lease("w-b", 30.0))),
+                asyncio.ensure_future(store.commit_phase(commit_of("wf_gc_plain")))]
+            await until_queued(store, 3)
+        assert await head[0] is not None
+        results = await asyncio.gather(*batch)
+        assert store.group_commit is not None and store.group_commit.statements == 1
+    assert all(r is not None and r[1] is not None for r in results)
+    rows = await fetch(
+        database_url, "SELECT workflow_id, lease_holder, "
+        "round(extract(epoch FROM lease_until - created_at))::int AS lease_s, due_at "
+        "FROM outbox WHERE seq = 1 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+    assert [tuple(r) for r in rows] == [
+        ("wf_gc_head", None, None, None), ("wf_gc_lease_a", "w-a", 600, None),
+        ("wf_gc_lease_b", "w-b", 30, None), ("wf_gc_plain", None, None, None)]
+    spent = await fetch(database_url, "SELECT workflow_id, sent_at IS NOT NULL AS sent "
+                        "FROM outbox WHERE seq = 0 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+    assert {r["workflow_id"]: r["sent"] for r in spent} == {
+        "wf_gc_head": False, "wf_gc_lease_a": True, "wf_gc_lease_b": False,
+        "wf_gc_plain": False}
+
+
+async def test_a_commit_with_a_wait_never_joins_a_group(database_url):
+    """A wait (due time, run `waiting`) is commit_phase's alone: with a statement in flight,
+    the waiting commit is sent at once by itself, not queued; it lands waiting, its row due
+    later and not handed back for sending."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_gc_head", "wf_gc_wait")
+        async with held(database_url, "wf_gc_head"):
+            head = submitted(store, [commit_of("wf_gc_head")])
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head commit waiting on the held row")
+            waited = await store.commit_phase(replace(commit_of("wf_gc_wait"), wait_s=3600.0))
+            assert store.group_commit is not None and store.group_commit.queued == 0
+        assert await head[0] is not None
+    assert waited is not None and waited[1] is None  # due later: the relay sends it
+    run = await fetch(database_url, "SELECT status, due_at > now() AS later FROM workflow_runs "
+                      "WHERE workflow_id = 'wf_gc_wait'")
+    assert tuple(run[0]) == ("waiting", True)
+    row = await fetch(database_url, "SELECT due_at > now() AS later FROM outbox "
+                      "WHERE workflow_id = 'wf_gc_wait' AND seq = 1")
+    assert row[0]["later"] is True
+
+
+async def test_a_wait_that_reaches_the_batch_statement_falls_back(database_url):
+    """commit_phases refuses a row with a wait; its batch goes to commit_phase one by one, so
+    the wait is kept (never silently dropped)."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_gc_fb_wait", "wf_gc_fb_plain")
+        group = store.group_commit
+        assert group is not None
+
+        def args(commit: PhaseCommit, wait_s: float | None) -> tuple[object, ...]:
+            successor = commit.successor
+            assert successor is not None
+            return (commit.workflow_id, "main", 0, "a", 1, commit.state_json, commit.state_hash,
+                    "b", "running", None, None, None, "test", None, successor.dedup_id,
+                    successor.group_id, successor.to_json(), None, None, None, None,
+                    wait_s, None, None, None, 0.0, None)
+
+        rows = await group._together([args(commit_of("wf_gc_fb_wait"), 3600.0),
+                                      args(commit_of("wf_gc_fb_plain"), None)])
+    assert all(r is not None and not isinstance(r, BaseException) for r in rows), rows
+    assert group.statements == 0
+    statuses = await fetch(database_url, "SELECT workflow_id, status FROM workflow_runs "
+                           "WHERE workflow_id LIKE 'wf_gc_fb_%' ORDER BY 1")
+    assert [tuple(r) for r in statuses] == [("wf_gc_fb_plain", "running"),
+                                            ("wf_gc_fb_wait", "waiting")]
+
+
+async def test_a_batch_of_loads_claims_a_waiting_run_only_for_its_seq(database_url):
+    """Group load keeps load_for_phase's waits: a waiting run is claimed by the message of the
+    seq it waits for (and gets the signal delivered to that seq), never by a late duplicate."""
+    async with grouped_store(database_url) as setup:
+        await running(setup, "wf_gl_late", "wf_gl_due")
+        await setup.start_run(workflow_id="wf_gl_head", workflow="wf", schema_version=1,
+                              input={}, first_phase="a",
+                              message=start_message("wf_gl_head", "wf", {}))
+        for workflow_id in ("wf_gl_late", "wf_gl_due"):
+            assert await setup.commit_phase(
+                replace(commit_of(workflow_id), wait_s=3600.0)) is not None
+    await fetchval(database_url, "INSERT INTO signals (workflow_id, name, payload, consumed_seq)"
+                   " VALUES ('wf_gl_due', 'go', '{\"ok\": true}', 1) RETURNING signal_id")
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    try:
+        store = Store(pool, load_window_s=HELD_WINDOW_S)
+        async with held(database_url, "wf_gl_head"):
+            head = asyncio.ensure_future(store.load_for_phase("wf_gl_head", seq=0))
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head load waiting on the held row")
+            batch = [asyncio.ensure_future(store.load_for_phase(workflow_id, seq=seq))
+                     for workflow_id, seq in (("wf_gl_late", 0), ("wf_gl_due", 1))]
+            group = store.group_load
+            assert group is not None
+
+            async def queued() -> bool:
+                return group.queued == 2
+
+            await wait_for(queued, timeout=30, what="2 loads queued behind the held one")
+        assert await head is not None
+        late, due = await asyncio.gather(*batch)
+        assert group.statements == 1
+    finally:
+        await pool.close()
+    assert late is not None and late.status == "waiting" and late.signal_json is None
+    assert due is not None and due.status == "running" and due.next_seq == 1
+    assert json.loads(due.signal_json or "null") == {"ok": True}
+    runs = await fetch(database_url, "SELECT workflow_id, status, due_at IS NULL AS cleared "
+                       "FROM workflow_runs WHERE workflow_id IN ('wf_gl_late', 'wf_gl_due') "
+                       "ORDER BY 1")
+    assert [tuple(r) for r in runs] == [("wf_gl_due", "running", True),
+                                        ("wf_gl_late", "waiting", False)]

@@ -1,4 +1,5 @@
-"""ctx.fork's checks and branch names, and the --tree drawing, without servers."""
+"""ctx.fork's checks and branch names (nested too), ctx.review_branches' checks, and the
+--tree drawing, without servers."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from phasegate import Context
-from phasegate.branches import ForkError, plan_fork
+from phasegate import BranchResult, Context, Retry
+from phasegate.branch_review import MergedBranches
+from phasegate.branches import ForkError, ForkScope, plan_fork
 from phasegate.orchestrator.render_tree import tree
 from tests.workflows_branches import fanout, speculate
+from tests.workflows_tree import tree as tree_wf
 
 
 def ctx(phase: str = "split", branch: str = "main", seq: int = 3) -> Context:
@@ -49,11 +52,104 @@ def test_bad_forks_fail_the_phase_at_once(kwargs: dict[str, Any], error: str) ->
         ctx().fork(inputs, **kwargs)
 
 
-def test_merge_must_leave_room_for_branch_phases_and_branches_do_not_fork() -> None:
+def test_merge_must_leave_room_for_branch_phases() -> None:
     with pytest.raises(ForkError, match="at least two phases"):
         ctx(phase="refine").fork([{}], merge="combine")
-    with pytest.raises(ForkError, match="do not fork again"):
+
+
+def nested_ctx(branch: str = "f0.b1", phase: str = "l1", depth: int = 1) -> Context:
+    return Context(workflow_id="wf", workflow="tree", phase=phase, seq=1, branch=branch,
+                   attempt=1, worker_id="w", schema_version=1, workflow_def=tree_wf,
+                   fork_scope=ForkScope("join1", depth))
+
+
+def test_a_branch_forks_children_named_after_it_one_level_deeper() -> None:
+    c = nested_ctx()
+    assert c.fork([{}, {}], merge="join2", require="all", max_retries=1) == [
+        "f0.b1.f1.b0", "f0.b1.f1.b1"]
+    plan = c.fork_plan
+    assert plan is not None
+    assert (plan.parent, plan.depth, plan.require_all, plan.max_retries, plan.first_phase) == (
+        "f0.b1", 2, True, 1, "l2")
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"merge": "join1"}, "must merge before its branch's own merge phase 'join1'"),
+    ({"merge": "done"}, "declare it with"),
+    ({"merge": "join2", "require": "most"}, "require must be None or 'all'"),
+    ({"merge": "join2", "max_retries": -1}, "max_retries must be an int >= 0"),
+    ({"merge": "join2", "inputs": {"k" * 20: 1}}, "starts with its parent's"),
+])
+def test_bad_nested_forks_fail_the_phase_at_once(kwargs: dict[str, Any], error: str) -> None:
+    inputs = kwargs.pop("inputs", [{}])
+    with pytest.raises(ForkError, match=error):
+        nested_ctx().fork(inputs, **kwargs)
+
+
+def test_a_fork_in_a_branch_needs_the_worker_built_context() -> None:
+    with pytest.raises(ForkError, match="needs the Context a worker builds"):
         ctx(branch="f0.b1").fork([{}], merge="combine")
+
+
+def merged(*results: BranchResult, left: int = 2) -> MergedBranches:
+    return MergedBranches(list(results), parent="main", fork_seq=0, retries_left=left,
+                          first_phase="work")
+
+
+def test_review_plans_retries_with_new_or_same_input_and_discards() -> None:
+    c = ctx(phase="combine")
+    c.merged = merged(BranchResult("f0.b0", {"v": 1}, 2), BranchResult("f0.b1", {"v": 2}, 2),
+                      BranchResult("f0.b2", None, None, status="failed",
+                                   error="TimeoutError (message withheld: 3 chars)"))
+    assert c.merged[2].error_type == "TimeoutError" and not c.merged[2].ok
+    c.review_branches({"f0.b0": "accept", "f0.b1": Retry(input={"v": 9}), "f0.b2": "retry"})
+    plan = c.review_plan
+    assert plan is not None and c.branching is plan
+    assert plan.retries == (("f0.b1", '{"v":9}'), ("f0.b2", None))
+    assert (plan.discards, plan.first_phase, plan.parent) == ((), "work", "main")
+    with pytest.raises(RuntimeError, match="already called"):
+        c.review_branches({})
+
+
+@pytest.mark.parametrize(("decisions", "error"), [
+    ({"f9.b0": "accept"}, "is not a branch of this merge"),
+    ({"f0.b0": "maybe"}, "must be one of"),
+    ({"f0.b0": Retry(input=object())}, "is not JSON"),
+    ({"f0.b0": "retry", "f0.b1": "retry", "f0.b2": "retry"}, "budget has 2 left"),
+])
+def test_bad_reviews_fail_the_merge_phase_at_once(decisions: dict[str, Any],
+                                                   error: str) -> None:
+    c = ctx(phase="combine")
+    c.merged = merged(*(BranchResult(f"f0.b{i}", {}, 2) for i in range(3)))
+    with pytest.raises(ForkError, match=error):
+        c.review_branches(decisions)
+
+
+def test_review_needs_branches_to_review() -> None:
+    with pytest.raises(ForkError, match=r"ctx\.merged is empty here"):
+        ctx(phase="combine").review_branches({})
+
+
+def test_tree_draws_nested_forks_under_their_parent_branch() -> None:
+    run = {"workflow_id": "wf", "workflow": "tree", "status": "running"}
+    checkpoints = [{"seq": 0, "branch": "main", "phase": "root", "kind": "phase"}]
+    top = {"parent_branch": "main", "fork_seq": 0, "merge_seq": 1, "mode": "all",
+           "merge_phase": "join1", "status": "open", "resolution": None, "winner": None,
+           "branch_count": 1, "pending": 1, "retries": 0,
+           "branches": [{"branch": "f0.b0", "status": "running", "retries": 0,
+                         "steps": [{"seq": 1, "phase": "l1", "kind": "phase"}]}]}
+    inner = {**top, "parent_branch": "f0.b0", "fork_seq": 1, "merge_seq": 2,
+             "merge_phase": "join2", "status": "merged", "resolution": "fan_in",
+             "branches": [{"branch": "f0.b0.f1.b0", "status": "failed", "retries": 1,
+                           "steps": []}]}
+    assert tree(run, checkpoints, [top, inner]).splitlines() == [
+        "wf  tree  running",
+        "├── * 0 root  fork all -> join1: open (0/1 done)",
+        "│   └── f0.b0  running    1 l1",
+        "│       └── fork@1 all -> join2: fan_in (1/1 done)",
+        "│           └── f0.b0.f1.b0  failed     -  r1",
+        "└── o 1 join1  waiting: 0/1 done",
+    ]
 
 
 def test_tree_draws_an_open_fork_and_a_race() -> None:

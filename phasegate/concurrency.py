@@ -1,0 +1,105 @@
+"""Per-key concurrency: ``Workflow(..., concurrency_key=fn, max_concurrency=N)``.
+
+At most N runs with the same (workflow, key) are past their start at once; later starts wait
+in Postgres as ``queued`` and are admitted in start order as runs end. Every decision is made
+inside the transaction that takes or frees a slot (migration 0011): a keyed start calls
+``phasegate_take_slot``; a run's end, whatever statement ends it (a phase commit, a failed
+attempt, a halt, a cancel), fires the ``workflow_runs_free_slot`` trigger, which admits the
+next queued run and puts its start message in the outbox. The worker that freed the slot
+sends that message (``admitted_by``); the relay sends it if that worker dies first.
+
+A workflow without a key pays nothing: its runs have no key, so the trigger's WHEN clause
+skips them, and the worker makes no extra query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from phasegate.envelope import MAIN_BRANCH, Envelope
+from phasegate.sql import queries
+from phasegate.store import OutboxRow, Store
+
+if TYPE_CHECKING:
+    from phasegate.workflow import Workflow
+
+# Settlement outcomes after which a keyed run may have freed its slot (completed, failed, or
+# found cancelled): its worker then sends what the trigger admitted.
+FREES_SLOT = frozenset({"completed", "failed", "stale"})
+# Long enough for a tenant id or a composite key, short enough to index.
+MAX_KEY_CHARS = 200
+
+
+class ConcurrencyKeyError(ValueError):
+    """``concurrency_key(input)`` raised or returned something that is not a usable key.
+    The message never echoes the input or the returned value."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
+
+
+def key_for(workflow: Workflow, input: Any) -> str:
+    """The run's key, from the workflow's ``concurrency_key`` function and the start input."""
+    fn = workflow.concurrency_key
+    assert fn is not None
+    try:
+        key = fn(input)
+    except Exception as exc:  # user code: any error refuses the start, none escapes
+        raise ConcurrencyKeyError(
+            f"concurrency_key of {workflow.name} raised {type(exc).__name__}") from None
+    if not isinstance(key, str):
+        raise ConcurrencyKeyError(f"concurrency_key of {workflow.name} returned "
+                                  f"{type(key).__name__}, not str")
+    if not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise ConcurrencyKeyError(f"concurrency_key of {workflow.name} returned a key of "
+                                  f"{len(key)} chars (1-{MAX_KEY_CHARS})")
+    return key
+
+
+def admission_message(envelope: Envelope) -> Envelope:
+    """The start message that wakes a queued run once admitted: the run row holds the input,
+    so it carries none (and stays small however large the input)."""
+    return envelope.model_copy(update={"input": None, "phase": None})
+
+
+def admission_dedup_id(workflow_id: str) -> str:
+    """Not the start's own deduplication id: SQS would drop a second message with that id
+    for five minutes, and a run is often admitted sooner than that."""
+    return hashlib.sha256(f"{workflow_id}:{MAIN_BRANCH}:0:admitted".encode()).hexdigest()
+
+
+async def start(store: Store, envelope: Envelope, workflow: Workflow) -> str | Refused:
+    """A keyed workflow's start message: create the run if needed, then take a slot or queue.
+    Returns the run's status after the decision (``queued``, ``pending``, or what it already
+    was for a redelivered start), or why the start is refused.
+
+    The key is computed before anything is written when the message carries the input; a
+    run created by the API (input in the row, validated there with the same function) is
+    read first, one more round trip."""
+    q = queries("flow.sql")
+    input = envelope.input
+    if input is None:
+        row = await store.pool.fetchval(q["run_input"], envelope.workflow_id)
+        if row is not None:
+            input = json.loads(row)
+    try:
+        key = key_for(workflow, input)
+    except ConcurrencyKeyError as exc:
+        return Refused(str(exc))
+    await store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
+    admit = admission_message(envelope)
+    status: str | None = await store.pool.fetchval(
+        q["take_slot"], envelope.workflow_id, workflow.name, key, workflow.max_concurrency,
+        admission_dedup_id(envelope.workflow_id), admit.group_id, admit.to_json())
+    return status or "missing"
+
+
+async def admitted_by(store: Store, workflow_id: str) -> list[OutboxRow]:
+    """Unsent start messages of the runs this run's end (or start) admitted."""
+    rows = await store.pool.fetch(queries("flow.sql")["admitted_by"], workflow_id)
+    return [OutboxRow(**dict(row)) for row in rows]

@@ -1,0 +1,121 @@
+"""Sending a signal to a run: ``POST /v1/workflows/{id}/signals/{name}``, ``phasegate signal``
+and ``phasegate.send_signal`` all come here.
+
+A signal is stored with its run. If the run is waiting for that name (``ctx.wait_for_signal``)
+and the wait has not timed out, the same transaction makes the waiting outbox row due now and
+hands the signal to the next phase (``ctx.signal``). Otherwise it is kept: a later wait for
+its name takes it at its commit (phasegate/sql/queries.sql ``commit_phase``). A repeat of an
+idempotency key changes nothing. Kept signals are deleted with their run (``phasegate purge``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from phasegate.envelope import canonical_json
+from phasegate.queue import Outgoing, Queue
+from phasegate.sql import queries
+from phasegate.storable import check_storable
+from phasegate.waits import check_signal_name
+
+FINISHED = ("completed", "failed", "cancelled")
+MAX_KEY_CHARS = 200
+
+
+class SignalError(Exception):
+    """A signal refused; ``status_code`` is the HTTP status the API answers with."""
+
+    status_code = 422
+
+
+class RunNotFound(SignalError):
+    status_code = 404
+
+
+class RunFinished(SignalError):
+    status_code = 409
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """``delivered``: it woke a waiting run (its next phase gets the payload); ``duplicate``:
+    its idempotency key was seen before and nothing changed; neither: kept for a later wait.
+    ``sent``: the woken run's message reached SQS (False: the relay sends it)."""
+
+    workflow_id: str
+    name: str
+    signal_id: int
+    delivered: bool
+    duplicate: bool = False
+    sent: bool = False
+
+
+async def send_signal(pool: asyncpg.Pool, workflow_id: str, name: str, payload: Any = None, *,
+                      idempotency_key: str | None = None, queue: Queue | None = None,
+                      actor: str | None = None) -> SignalResult:
+    """Send signal ``name`` with a JSON ``payload`` to run ``workflow_id``.
+
+    Raises ``RunNotFound`` (no such run), ``RunFinished`` (it ended), ``SignalError`` (a bad
+    name, key or payload: ``UnstorableValue`` rules). With a ``queue``, a woken run's message
+    is sent at once; without one, the orchestrator's relay sends it within its interval."""
+    try:
+        check_signal_name(name)
+    except ValueError as exc:
+        raise SignalError(str(exc)) from None
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
+        raise SignalError(f"an idempotency key must be 1-{MAX_KEY_CHARS} characters")
+    try:
+        check_storable(payload, where="payload")
+        body = canonical_json(payload)
+    except (ValueError, TypeError) as exc:
+        raise SignalError(str(exc)) from None
+    result, row = await _store(pool, workflow_id, name, body, idempotency_key, actor)
+    if row is not None and queue is not None:
+        result = await _send(pool, queue, result, row)
+    return result
+
+
+async def _store(pool: asyncpg.Pool, workflow_id: str, name: str, body: str, key: str | None,
+                 actor: str | None) -> tuple[SignalResult, asyncpg.Record | None]:
+    q = queries("signals.sql")
+    async with pool.acquire() as connection, connection.transaction():
+        run = await connection.fetchrow(q["lock_run"], workflow_id)
+        if run is None:
+            raise RunNotFound(f"no workflow run with id {workflow_id!r}")
+        if key is not None:
+            seen = await connection.fetchrow(q["find_by_key"], workflow_id, key)
+            if seen is not None:
+                return SignalResult(workflow_id, name, seen["signal_id"],
+                                    seen["consumed_seq"] is not None, duplicate=True), None
+        if run["status"] in FINISHED:
+            raise RunFinished(f"run {workflow_id} is {run['status']}: it takes no more signals")
+        row = None
+        if run["status"] == "waiting" and run["waiting_for"] == name and run["before_due"]:
+            row = await connection.fetchrow(q["wake"], workflow_id, run["next_seq"])
+        if row is not None:
+            await connection.execute(q["woken_run"], workflow_id)
+        signal_id = await connection.fetchval(
+            q["insert"], workflow_id, name, body, key,
+            run["next_seq"] if row is not None else None, actor)
+        if signal_id is None:  # impossible under the run's lock; refuse rather than guess
+            raise SignalError("a signal with this idempotency key was stored concurrently")
+        return SignalResult(workflow_id, name, signal_id, row is not None), row
+
+
+async def _send(pool: asyncpg.Pool, queue: Queue, result: SignalResult,
+                row: asyncpg.Record) -> SignalResult:
+    try:
+        await queue.send([Outgoing(row["body"], row["group_id"], row["dedup_id"])])
+    except Exception:  # the row is due: the relay sends it on its next round
+        return result
+    await pool.execute(queries()["mark_sent"], [row["outbox_id"]])
+    return SignalResult(result.workflow_id, result.name, result.signal_id, True, sent=True)
+
+
+async def list_signals(pool: asyncpg.Pool, workflow_id: str) -> list[dict[str, Any]]:
+    """The run's signals (never their payloads): what ``phasegate inspect`` shows."""
+    rows = await pool.fetch(queries("signals.sql")["list"], workflow_id)
+    return [dict(r) for r in rows]

@@ -1,0 +1,227 @@
+"""Per-key concurrency against real Postgres: admissions decided in the transaction that
+frees or takes a slot, never lost, never doubled.
+
+The overlaps are forced, not hoped for (as in test_branches_concurrency.py): a third
+connection holds the key's advisory lock while two finishing commits (or a start and a
+finish) begin; once Postgres shows both waiting on it, the lock is released and they race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import pytest
+
+from phasegate import concurrency
+from phasegate.envelope import canonical_json, start_message, state_hash
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.relay import Relay
+from phasegate.store import PhaseCommit, Store
+from phasegate.workflow import Workflow
+from tests.helpers import fetch, fetchval, queue_for, store_for, wait_for
+from tests.workflows_flow import limited, single
+
+ROUNDS = 2
+
+
+def final_commit(workflow_id: str, phase: str) -> PhaseCommit:
+    """The commit of a run's last phase at seq 0: the run completes and frees its slot."""
+    canonical = canonical_json({"done": True})
+    return PhaseCommit(workflow_id=workflow_id, branch="main", seq=0, phase=phase,
+                       schema_version=1, state_json=canonical, state_hash=state_hash(canonical),
+                       next_phase=None, status="completed", worker_id="test")
+
+
+async def start(store: Store, workflow: Workflow, workflow_id: str, tenant: str = "t") -> str:
+    """What a worker does with the start message: the run, then its slot or its place."""
+    envelope = start_message(workflow_id, workflow.name, {"tenant": tenant})
+    status = await concurrency.start(store, envelope, workflow)
+    assert isinstance(status, str)
+    if status == "pending":
+        assert await store.load_for_phase(workflow_id) is not None  # pending -> running
+    return status
+
+
+async def statuses(database_url: str, ids: list[str]) -> list[str]:
+    rows = await fetch(database_url, "SELECT workflow_id, status FROM workflow_runs "
+                       "WHERE workflow_id = ANY($1)", ids)
+    by_id = {r["workflow_id"]: r["status"] for r in rows}
+    return [by_id[i] for i in ids]
+
+
+async def admission_rows(database_url: str, workflow_id: str) -> int:
+    return int(await fetchval(database_url, "SELECT count(*) FROM outbox WHERE workflow_id = $1"
+                              " AND dedup_id = $2", workflow_id,
+                              concurrency.admission_dedup_id(workflow_id)))
+
+
+async def holders(database_url: str, workflow: str, key: str = "t") -> int:
+    return int(await fetchval(
+        database_url, "SELECT count(*) FROM workflow_runs WHERE workflow = $1 AND "
+        "concurrency_key = $2 AND status NOT IN ('queued', 'completed', 'failed', 'cancelled')",
+        workflow, key))
+
+
+async def held(database_url: str, workflow: str, key: str, *racers: asyncio.Future[object]
+               ) -> list[object]:
+    """Run ``racers`` while the key's lock is held; release once both wait on it."""
+    holder = await asyncpg.connect(database_url)
+    try:
+        await holder.execute("SELECT pg_advisory_lock(phasegate_slot_lock($1, $2))",
+                             workflow, key)
+        gathered = asyncio.gather(*racers)
+        await wait_for(lambda: _waiting(database_url, len(racers)), timeout=30,
+                       what="both transactions waiting on the key's lock")
+        await holder.execute("SELECT pg_advisory_unlock(phasegate_slot_lock($1, $2))",
+                             workflow, key)
+        return list(await gathered)
+    finally:
+        await holder.close()
+
+
+async def _waiting(database_url: str, n: int) -> bool:
+    count = await fetchval(database_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                           "datname = current_database() AND wait_event_type = 'Lock'")
+    return int(count) == n
+
+
+async def test_starts_beyond_the_limit_queue_in_order(database_url):
+    async with store_for(database_url) as store:
+        ids = [f"wf_order_{i}" for i in range(5)]
+        assert [await start(store, limited, i) for i in ids] == \
+            ["pending"] * 2 + ["queued"] * 3
+        # Redelivered starts change nothing: the decision is made once.
+        assert await start(store, limited, ids[4]) == "queued"
+        # The run list (API and CLI) shows them by status.
+        views = Control(store.pool, None, None, actor="test").views
+        page = await views.list_runs(status="queued")
+        assert sorted(r.workflow_id for r in page.runs) == ids[2:]
+        assert await store.commit_phase(final_commit(ids[0], "begin")) is not None
+        assert await statuses(database_url, ids) == \
+            ["completed", "running", "pending", "queued", "queued"]
+        rows = await concurrency.admitted_by(store, ids[0])
+        assert [json.loads(r.body)["workflow_id"] for r in rows] == [ids[2]]
+        assert json.loads(rows[0].body).get("input") is None  # the row holds it
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+async def test_two_finishes_racing_for_one_queued_run_admit_it_once(database_url, round_):
+    async with store_for(database_url) as first, store_for(database_url) as second:
+        a, b, q = (f"wf_one_{round_}_{n}" for n in "abq")
+        for run in (a, b):
+            assert await start(first, limited, run) == "pending"
+        assert await start(first, limited, q) == "queued"
+        results = await held(database_url, "limited", "t",
+                             first.commit_phase(final_commit(a, "begin")),
+                             second.commit_phase(final_commit(b, "begin")))
+    assert all(r is not None for r in results)
+    assert await statuses(database_url, [a, b, q]) == ["completed", "completed", "pending"]
+    assert await admission_rows(database_url, q) == 1
+    assert await holders(database_url, "limited") == 1
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+async def test_two_finishes_racing_admit_two_queued_runs(database_url, round_):
+    """Two slots free at once and two runs wait: both are admitted (none lost), no third."""
+    async with store_for(database_url) as first, store_for(database_url) as second:
+        a, b, q1, q2, q3 = (f"wf_two_{round_}_{n}" for n in ("a", "b", "q1", "q2", "q3"))
+        for run in (a, b):
+            assert await start(first, limited, run) == "pending"
+        for run in (q1, q2, q3):
+            assert await start(first, limited, run) == "queued"
+        await held(database_url, "limited", "t",
+                   first.commit_phase(final_commit(a, "begin")),
+                   second.commit_phase(final_commit(b, "begin")))
+    assert await statuses(database_url, [q1, q2, q3]) == ["pending", "pending", "queued"]
+    assert [await admission_rows(database_url, r) for r in (q1, q2, q3)] == [1, 1, 0]
+    assert await holders(database_url, "limited") == 2
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+async def test_a_start_racing_a_finish_is_admitted_once(database_url, round_):
+    """max_concurrency=1: whichever goes first, the new run ends up holding the one slot."""
+    async with store_for(database_url) as first, store_for(database_url) as second:
+        a, s = f"wf_sf_{round_}_a", f"wf_sf_{round_}_s"
+        assert await start(first, single, a) == "pending"
+        # The start's run row exists before the race (the API made it); its decision races.
+        await second.start_run(workflow_id=s, workflow="single", schema_version=1,
+                               input={"tenant": "t"}, first_phase="only",
+                               message=start_message(s, "single", None))
+        results = await held(
+            database_url, "single", "t", first.commit_phase(final_commit(a, "only")),
+            concurrency.start(second, start_message(s, "single", None), single))
+    assert results[1] in ("pending", "queued")
+    assert await statuses(database_url, [a, s]) == ["completed", "pending"]
+    # Queued first: admitted by the finish, with its own start message; else none needed.
+    assert await admission_rows(database_url, s) == (1 if results[1] == "queued" else 0)
+    assert await holders(database_url, "single") == 1
+
+
+async def test_gathered_finishes_without_a_hold_never_exceed_the_limit(database_url):
+    async with store_for(database_url) as first, store_for(database_url) as second:
+        ids = [f"wf_free_{i}" for i in range(8)]
+        for run in ids:
+            await start(first, limited, run)
+        running = ids[:2]
+        while running:
+            # Finish every running run at once; whatever they admit runs next.
+            await asyncio.gather(*(store.commit_phase(final_commit(run, "begin")) for
+                                   store, run in zip((first, second), running, strict=False)))
+            assert await holders(database_url, "limited") <= 2
+            now = await statuses(database_url, ids)
+            running = [r for r, st in zip(ids, now, strict=True) if st == "pending"]
+            for run in running:
+                assert await first.load_for_phase(run) is not None
+    assert await statuses(database_url, ids) == ["completed"] * 8
+
+
+async def test_cancel_of_a_queued_run_and_of_a_running_run(settings):
+    database_url = settings.database_url
+    async with store_for(database_url) as store, queue_for(settings) as queue:
+        control = Control(store.pool, None, None, actor="test")
+        a, b, q1, q2 = "wf_c_a", "wf_c_b", "wf_c_q1", "wf_c_q2"
+        for run in (a, b, q1, q2):
+            await start(store, limited, run)
+        # A queued run cancelled: it leaves the queue and takes no slot.
+        assert (await control.cancel(q1)).run.status == "cancelled"
+        assert await statuses(database_url, [q2]) == ["queued"]
+        # A running run cancelled: its slot goes to the next queued run (q2, not q1).
+        assert (await control.cancel(a)).run.status == "cancelled"
+        assert await statuses(database_url, [a, b, q1, q2]) == \
+            ["cancelled", "running", "cancelled", "pending"]
+        assert await admission_rows(database_url, q2) == 1
+        assert await admission_rows(database_url, q1) == 0
+        # The relay sends the admission (no worker ended a run here).
+        assert await fetchval(database_url, "SELECT count(*) FROM outbox WHERE workflow_id = $1"
+                              " AND sent_at IS NULL", q2) == 1
+        assert await Relay(store=store, queue=queue, after_s=0).relay_once() == 1
+        [message] = await queue.receive(10, 0, 30)
+        assert (json.loads(message.body)["workflow_id"], json.loads(message.body)["kind"]) == \
+            (q2, "start")
+
+
+async def test_a_failed_run_frees_its_slot(database_url):
+    async with store_for(database_url) as store:
+        a, b, q = "wf_f_a", "wf_f_b", "wf_f_q"
+        for run in (a, b, q):
+            await start(store, limited, run)
+        assert await store.record_failure(a, 0, "Boom", max_attempts=1) == (1, "failed")
+        assert await statuses(database_url, [a, q]) == ["failed", "pending"]
+        assert [json.loads(r.body)["workflow_id"]
+                for r in await concurrency.admitted_by(store, a)] == [q]
+
+
+async def test_a_plain_workflows_runs_have_no_key_and_wake_nothing(database_url):
+    """A workflow without a key: no key on its runs, so the slot trigger never fires."""
+    async with store_for(database_url) as store:
+        await store.start_run(workflow_id="wf_plain", workflow="plain", schema_version=1,
+                              input={"tenant": "t"}, first_phase="only",
+                              message=start_message("wf_plain", "plain", None))
+        assert await store.load_for_phase("wf_plain") is not None
+        assert await store.commit_phase(final_commit("wf_plain", "only")) is not None
+        row = (await fetch(database_url, "SELECT concurrency_key, status FROM workflow_runs "
+                           "WHERE workflow_id = 'wf_plain'"))[0]
+        assert tuple(row) == (None, "completed")
+        assert await fetchval(database_url, "SELECT count(*) FROM run_admissions") == 0

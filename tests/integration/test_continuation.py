@@ -1,0 +1,224 @@
+"""Local continuation (worker/continuation.py) against real PostgreSQL, a real SQS server and
+real worker processes: fewer SQS calls, and every failure of a chain (SIGKILL, a stopped
+heartbeat, SIGTERM, a cancel) still ends with each phase committed exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.relay import Relay
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.settings import Settings
+from phasegate.store import Store
+from phasegate.workflow import Registry
+from tests import workflows_chain
+from tests.helpers import (
+    all_done,
+    fetch,
+    fetchval,
+    make_settings,
+    queue_for,
+    running_worker,
+    spawn_worker,
+    stop_process,
+    store_for,
+    wait_for,
+)
+from tests.workflows_chain import PHASES
+
+REGISTRY = Registry([workflows_chain.hops])
+MODULES = "tests.workflows_chain"
+
+
+async def _start(settings: Settings, gate: str | None = None) -> str:
+    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
+        started = await start_workflow(store, queue, workflow=workflows_chain.hops,
+                                       input={"gate": gate} if gate else {})
+    return started.workflow_id
+
+
+async def _invocations(settings: Settings, phase: str | None = None) -> int:
+    return int(await fetchval(
+        settings.database_url, "SELECT count(*) FROM test_invocations "
+        "WHERE phase = coalesce($1, phase)", phase))
+
+
+async def _committed_once(settings: Settings) -> None:
+    """Each seq has one checkpoint, the state saw every phase once, nothing is left leased."""
+    rows = await fetch(settings.database_url, "SELECT seq, count(*) AS n FROM checkpoints "
+                       "WHERE kind = 'phase' GROUP BY seq ORDER BY seq")
+    assert [(r["seq"], r["n"]) for r in rows] == [(i, 1) for i in range(len(PHASES))]
+    final = await fetchval(settings.database_url, "SELECT state->>'n' FROM checkpoints "
+                           "WHERE seq = $1", len(PHASES) - 1)
+    assert final == str(len(PHASES))
+    assert await fetchval(settings.database_url,
+                          "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+
+async def _open_gate(settings: Settings, wid: str) -> None:
+    await fetch(settings.database_url, "INSERT INTO test_gates VALUES ($1)", wid)
+
+
+@asynccontextmanager
+async def _relay(settings: Settings) -> AsyncIterator[Relay]:
+    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
+        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s,
+                      interval_s=settings.relay_interval_s)
+        task = asyncio.create_task(relay.run())
+        try:
+            yield relay
+        finally:
+            relay.stop()
+            await asyncio.wait_for(task, 30)
+
+
+async def _drained(worker) -> bool:
+    depth = await worker.queue.depth()
+    return depth.visible == 0 and depth.inflight == 0 and worker.held == 0
+
+
+async def test_a_chain_runs_locally_with_a_fraction_of_the_sqs_calls(settings):
+    """Twelve phases: with continuation one message is received and deleted and nothing is
+    sent; without it each phase costs a send, a receive and a delete."""
+    counts = {}
+    for mode in (True, False):
+        wid = await _start(settings)
+        async with running_worker(settings.model_copy(update={"continuation": mode}),
+                                  REGISTRY) as worker:
+            await wait_for(lambda wid=wid: all_done(settings.database_url, [wid]), what="done")
+            await wait_for(lambda worker=worker: _drained(worker), what="queue drained")
+            counts[mode] = dict(worker.queue.counts)
+        rows = await fetch(settings.database_url, "SELECT seq, count(*) AS n FROM checkpoints "
+                           "WHERE workflow_id = $1 GROUP BY seq ORDER BY seq", wid)
+        assert [(r["seq"], r["n"]) for r in rows] == [(i, 1) for i in range(len(PHASES))]
+        await fetch(settings.database_url, "DELETE FROM test_invocations")
+    on, off = counts[True], counts[False]
+    assert on.get("send", 0) == 0 and on["delete"] == 1
+    assert off["send"] == len(PHASES) - 1 and off["delete"] == len(PHASES)
+    # Every successor row is accounted for: consumed locally (marked sent by the next commit).
+    assert await fetchval(settings.database_url,
+                          "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+
+async def test_chain_is_bounded_then_handed_to_the_queue(settings):
+    wid = await _start(settings)
+    bounded = settings.model_copy(update={"continuation_max_hops": 4})
+    async with running_worker(bounded, REGISTRY) as worker:
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="done")
+        await wait_for(lambda: _drained(worker), what="queue drained")
+        counts = worker.queue.counts
+    # 12 phases, 5 per received message (the first + 4 continued): 3 messages, 2 sends.
+    assert counts["send"] == 2 and counts["delete"] == 3
+    assert await _invocations(settings) == len(PHASES)
+
+
+async def test_sigkill_mid_chain_resumes_through_sqs_after_the_lease(settings):
+    """The worker dies with the next hop's row leased to it and the received message in
+    flight: nobody sends the row until the lease runs out, then the relay does, and another
+    worker finishes the run with every phase run and committed once."""
+    wid = await _start(settings)
+    dying = spawn_worker(settings, modules=MODULES,
+                         extra_env={"PHASEGATE_FAULTS": "mid_chain@3"})
+    try:
+        assert await asyncio.to_thread(dying.wait, 60) == -9
+    finally:
+        stop_process(dying)
+    leased = await fetch(settings.database_url, "SELECT seq, lease_holder FROM outbox "
+                         "WHERE sent_at IS NULL")
+    assert [r["seq"] for r in leased] == [3] and leased[0]["lease_holder"]
+    async with _relay(settings), running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="run resumed")
+    await _committed_once(settings)
+    assert await _invocations(settings) == len(PHASES)
+
+
+async def test_a_long_phase_keeps_its_lease_and_a_stopped_heartbeat_loses_it(settings):
+    """While a continued phase runs longer than the lease, the heartbeat keeps extending it
+    and the relay (running) leaves the row alone. Then the worker is frozen (SIGSTOP: no
+    heartbeat): the lease runs out, the relay sends the row, another worker runs the phase
+    and commits; the frozen worker, thawed, finishes the same phase and its commit is
+    superseded, never applied twice."""
+    wid = await _start(settings, gate="p03")
+    frozen = spawn_worker(settings, modules=MODULES)
+    try:
+        async with _relay(settings) as relay:
+            await wait_for(lambda: _invocations(settings, "p03"), what="p03 running")
+            created = await fetchval(settings.database_url, "SELECT created_at FROM outbox "
+                                     "WHERE seq = 3")
+            extended = timedelta(seconds=settings.visibility_timeout_s + 1)
+
+            async def extended_by_heartbeat() -> bool:
+                return bool(await fetchval(
+                    settings.database_url, "SELECT lease_until > $1::timestamptz + $2::interval "
+                    "FROM outbox WHERE seq = 3", created, extended))
+
+            await wait_for(extended_by_heartbeat, what="the heartbeat extends the lease")
+            assert await fetchval(settings.database_url,
+                                  "SELECT sent_at FROM outbox WHERE seq = 3") is None
+            assert relay.relayed == 0
+
+            os.kill(frozen.pid, signal.SIGSTOP)
+            await _open_gate(settings, wid)
+            async with running_worker(settings, REGISTRY):
+                await wait_for(lambda: all_done(settings.database_url, [wid]),
+                               what="another worker finished the run")
+            assert relay.relayed >= 1
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        assert stop_process(frozen) == 0
+    await _committed_once(settings)
+    assert await _invocations(settings, "p03") == 2  # run twice, committed once
+
+
+async def test_sigterm_mid_chain_exits_0_and_the_run_completes_elsewhere(settings):
+    """SIGTERM while a continued phase runs past the grace: the phase is cancelled, its
+    leased row is sent on the way out, the worker exits 0 and another finishes the run."""
+    wid = await _start(settings, gate="p05")
+    stopping = spawn_worker(settings.model_copy(update={"shutdown_grace_s": 1.0}),
+                            modules=MODULES)
+    try:
+        await wait_for(lambda: _invocations(settings, "p05"), what="p05 running")
+        stopping.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(stopping.wait, 30) == 0
+    finally:
+        stop_process(stopping)
+    # Handed off at once: the row is sent, not left to run out its lease.
+    assert await fetchval(settings.database_url, "SELECT sent_at IS NOT NULL FROM outbox "
+                          "WHERE seq = 5")
+    await _open_gate(settings, wid)
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    await _committed_once(settings)
+
+
+async def test_cancel_during_a_chain_stops_it_at_the_next_commit(settings):
+    wid = await _start(settings, gate="p04")
+    async with running_worker(settings, REGISTRY) as worker, \
+            store_for(settings.database_url) as store:
+        await wait_for(lambda: _invocations(settings, "p04"), what="p04 running")
+        await Control(store.pool, None, REGISTRY, actor="test").cancel(wid, "enough")
+        await _open_gate(settings, wid)
+        await wait_for(lambda: _drained(worker), what="the chain ended")
+        # The leased row was sent on the way out; marking it sent is batched (not awaited).
+        await wait_for(lambda: _no_live_lease(store), what="the leased row sent")
+    assert await fetchval(settings.database_url,
+                          "SELECT status FROM workflow_runs") == "cancelled"
+    # p04's commit was refused (the run was no longer running); nothing after it ran.
+    assert await fetchval(settings.database_url, "SELECT max(seq) FROM checkpoints") == 3
+    assert await _invocations(settings, "p05") == 0
+
+
+async def _no_live_lease(store: Store) -> bool:
+    return not await store.pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+
+
+def test_settings_default_to_continuation_on(database_url, queue_pair, sqs_endpoint):
+    made = make_settings(database_url, queue_pair, sqs_endpoint)
+    assert made.continuation is True and made.continuation_max_hops == 16

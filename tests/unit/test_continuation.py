@@ -1,0 +1,71 @@
+"""The "can continue locally" decision (worker/continuation.py): every condition that sends the
+run through SQS instead, one at a time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from phasegate import Context, Workflow
+from phasegate.envelope import phase_message
+from phasegate.tiers import PhaseOutcome
+from phasegate.worker.continuation import Chain, ContinuationConfig, can_continue
+
+plain = Workflow("plain", schema_version=1)
+ON = ContinuationConfig(enabled=True, max_hops=3, max_s=30.0)
+
+
+async def _step(ctx: Context, state: Any) -> Any:
+    return state
+
+
+for _name in ("a", "b", "c"):
+    plain.phase(_name)(_step)
+
+ADVANCE = PhaseOutcome("advance", "b", "running")
+ENVELOPE = phase_message("wf-1", "plain", 0, "a")
+
+
+def decide(config: ContinuationConfig = ON, chain: Chain | None = None, **overrides: Any
+           ) -> bool:
+    values: dict[str, Any] = {"workflow": plain, "envelope": ENVELOPE, "outcome": ADVANCE,
+                              "forking": False, "stopping": False, **overrides}
+    return can_continue(config, chain or Chain(), **values)
+
+
+def test_a_plain_advance_on_the_main_branch_continues() -> None:
+    assert decide()
+
+
+@pytest.mark.parametrize("why", [
+    {"config": replace(ON, enabled=False)},
+    {"stopping": True},
+    {"forking": True},
+    {"envelope": phase_message("wf-1", "plain", 0, "a", branch="b1")},
+    {"outcome": PhaseOutcome("advance", None, "completed")},
+    {"outcome": PhaseOutcome("retry", "a", "running")},
+    {"outcome": PhaseOutcome("escalate", "b", "awaiting_review")},
+])
+def test_anything_else_goes_through_the_queue(why: dict[str, Any]) -> None:
+    assert not decide(**why)
+
+
+def test_a_chain_is_bounded_by_hops_and_seconds() -> None:
+    assert decide(chain=Chain(hops=2))
+    assert not decide(chain=Chain(hops=3))
+    assert not decide(chain=Chain(started=time.monotonic() - 31))
+
+
+def test_workflows_with_tiers_or_staleness_and_merge_phases_do_not_continue() -> None:
+    tiered = Workflow("tiered", schema_version=1, tiers=[("good", lambda state: True)])
+    tiered.phase("a")(_step)
+    tiered.phase("b")(_step)
+    assert tiered.uses_room and not decide(workflow=tiered)
+    merging = Workflow("merging", schema_version=1)
+    merging.phase("a")(_step)
+    merging.merge_phases.add("b")
+    merging.phase("b")(_step)
+    assert not decide(workflow=merging)
