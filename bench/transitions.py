@@ -77,7 +77,7 @@ FLOOR_FAILOVER_VISIBILITY_S = int(FAILOVER_PHASE_S) + 1
 
 @dataclass(frozen=True)
 class Workload:
-    backend: str  # "memory" | "moto"
+    backend: str  # "memory" | "moto" | "localstack"
     groups: int
     phases: int  # per workflow; transitions = groups * phases
 
@@ -94,9 +94,20 @@ class Workload:
 class Env:
     databases: Databases
     moto_endpoint: str | None = None
+    # A LocalStack started by the caller (localstack/run-without-docker.sh): the per-hop wait.
+    localstack_endpoint: str | None = None
     proxy: RoundTripProxy | None = None  # set during the round-trip counting pass
+    # Group commit window of phasegate's store (PHASEGATE_COMMIT_BATCH_WINDOW_MS; 0 = off).
+    commit_window_ms: float = Settings.model_fields["commit_batch_window_ms"].default
+    load_window_ms: float = Settings.model_fields["load_batch_window_ms"].default
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
+
+    def endpoint(self, backend: str) -> str:
+        found = self.localstack_endpoint if backend == "localstack" else self.moto_endpoint
+        if found is None:
+            raise RuntimeError(f"no endpoint for the {backend} backend (--localstack-endpoint)")
+        return found
 
 
 # -- queues -------------------------------------------------------------------------------------
@@ -113,7 +124,7 @@ def wait_time_for(backend: str) -> int:
     """Long polls on the fake; short polls on moto, whose long poll keeps the snapshot of
     in-flight groups it took when it started, so a FIFO group freed by a delete stays blocked
     until the poll times out (an emulator artifact: a 1-group run would crawl at 1/poll)."""
-    return 20 if backend == "memory" else 0
+    return 0 if backend == "moto" else 20
 
 
 # -- one phasegate run --------------------------------------------------------------------------
@@ -122,17 +133,17 @@ def wait_time_for(backend: str) -> int:
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
     pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
-    store = Store(pool)
+    store = Store(pool, commit_window_s=env.commit_window_ms / 1000,
+                  load_window_s=env.load_window_ms / 1000)
     manager = None
     queue: Any
     dlq: Any
     if workload.backend == "memory":
         queue, dlq = InMemoryFifoQueue(), InMemoryFifoQueue()
     else:
-        assert env.moto_endpoint is not None
-        manager, client = await _sqs_client(env.moto_endpoint)
+        manager, client = await _sqs_client(env.endpoint(workload.backend))
         urls = await create_fifo_queue_pair(client, f"pg-{uuid.uuid4().hex[:10]}")
-        queue = await SqsQueue(urls[0], endpoint_url=env.moto_endpoint,
+        queue = await SqsQueue(urls[0], endpoint_url=env.endpoint(workload.backend),
                                region="us-east-1").open()
         dlq = queue.sibling(urls[1])
     try:
@@ -155,7 +166,7 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
             raise RuntimeError(f"phasegate run finished {done}/{workload.groups} workflows")
         return figures
     finally:
-        if workload.backend == "moto":
+        if workload.backend != "memory":
             await queue.close()
             assert manager is not None
             await manager.__aexit__(None, None, None)
@@ -174,8 +185,7 @@ async def run_floor(dsn: str, workload: Workload, env: Env, *,
     if workload.backend == "memory":
         queue = InMemoryFifoQueue()
     else:
-        assert env.moto_endpoint is not None
-        manager, client = await _sqs_client(env.moto_endpoint)
+        manager, client = await _sqs_client(env.endpoint(workload.backend))
         urls = await create_fifo_queue_pair(client, f"fl-{uuid.uuid4().hex[:10]}")
         queue = SqsFloorQueue(client, urls[0])
     try:
@@ -515,27 +525,40 @@ def summarise(env: Env, workloads: list[Workload], round_trips: dict[str, Any],
     return {"per_workload": table, "processes": single}
 
 
-def workloads_for(quick: bool, backends: list[str]) -> list[Workload]:
+def workloads_for(quick: bool, backends: list[str],
+                  phases: dict[int, int] | None = None) -> list[Workload]:
     # Full sizes give the floor seconds of work per figure in-process (1 group: ~2,000
     # transitions at ~2-3k/s; 16 groups: 6,400 at ~5-8k/s); moto is ~5 ms per call, so less.
     sizes = {("memory", 1): (150, 2000), ("memory", 16): (15, 400),
              ("moto", 1): (30, 100), ("moto", 16): (4, 12)}
-    return [Workload(b, g, sizes[(b, g)][0 if quick else 1]) for b in backends for g in (1, 16)]
+    # LocalStack: what one user waits between two phases of a 30-phase workflow (issue 18).
+    sizes[("localstack", 1)] = (30, 30)
+    return [Workload(b, g, (phases or {}).get(g) or sizes[(b, g)][0 if quick else 1])
+            for b in backends for g in (1, 16) if (b, g) in sizes]
 
 
 async def bench(*, quick: bool, backends: list[str], repeats: int, process_repeats: int,
                 skip_processes: bool = False, server_dsn: str | None = None,
                 workloads: list[Workload] | None = None, private_server: bool = False,
-                old_floor: bool = False, continuation: bool = True) -> dict[str, Any]:
+                old_floor: bool = False, commit_window_ms: float | None = None,
+                localstack_endpoint: str | None = None,
+                phases: dict[int, int] | None = None,
+                load_window_ms: float | None = None,
+                continuation: bool = True) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server).start()
     env = Env(databases, continuation=continuation)
+    if commit_window_ms is not None:
+        env.commit_window_ms = commit_window_ms
+    env.localstack_endpoint = localstack_endpoint
+    if load_window_ms is not None:
+        env.load_window_ms = load_window_ms
     try:
         with moto_server() as endpoint:
             env.moto_endpoint = endpoint
-            workloads = workloads or workloads_for(quick, backends)
+            workloads = workloads or workloads_for(quick, backends, phases)
             for workload in workloads:
                 print(f"{workload.key}: {workload.transitions} transitions "
                       f"({workload.groups} x {workload.phases} phases), {repeats} rounds",
@@ -556,8 +579,9 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
         return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick,
                 "private_server": databases.private, "load": os.getloadavg(),
                 "repeats": repeats, "process_repeats": process_repeats,
-                "continuation": continuation,
-                "concurrency": CONCURRENCY, "machine": machine(),
+                "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
+                "load_window_ms": env.load_window_ms,
+                "continuation": continuation, "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
         await databases.stop()
@@ -577,6 +601,19 @@ def main() -> None:
                         "private cluster (WAL figures then include other clients' writes)")
     parser.add_argument("--old-floor", action="store_true",
                         help="also run the old floor (16 pollers whatever the groups)")
+    parser.add_argument("--commit-window-ms", type=float, default=None,
+                        help="phasegate's group commit window (default: the setting's "
+                        "default; 0 = group commit off)")
+    parser.add_argument("--load-window-ms", type=float, default=None,
+                        help="phasegate's group load window (default: the setting's default; "
+                        "0 = group load off)")
+    parser.add_argument("--localstack-endpoint",
+                        default=os.environ.get("PHASEGATE_BENCH_LOCALSTACK_URL"),
+                        help="a running LocalStack (localstack/run-without-docker.sh) for the "
+                        "localstack backend: one 30-phase workflow, the wait per hop")
+    parser.add_argument("--phases", default=None, metavar="G:N,...",
+                        help="phases per workflow by number of groups, e.g. 1:300,16:60 "
+                        "(a loaded machine: same ratios, less time)")
     parser.add_argument("--continuation", choices=("on", "off"), default="on",
                         help="phasegate's local continuation (PHASEGATE_CONTINUATION)")
     args = parser.parse_args()
@@ -588,6 +625,10 @@ def main() -> None:
                                skip_processes=args.skip_processes,
                                private_server=not args.shared_server,
                                old_floor=args.old_floor,
+                               commit_window_ms=args.commit_window_ms,
+                               localstack_endpoint=args.localstack_endpoint,
+                               phases=_phases(args.phases),
+                               load_window_ms=args.load_window_ms,
                                continuation=args.continuation == "on"))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -600,6 +641,13 @@ def main() -> None:
         from bench.report import write_docs
 
         write_docs(result, path)
+
+
+def _phases(text: str | None) -> dict[int, int] | None:
+    if not text:
+        return None
+    pairs = (item.split(":") for item in text.split(","))
+    return {int(groups): int(count) for groups, count in pairs}
 
 
 def _quiet_logs() -> None:

@@ -15,6 +15,14 @@ COMMIT_DURATION = Histogram(
     "phasegate_checkpoint_commit_duration_seconds",
     "Time of the one statement that commits checkpoint, run and outbox.",
     buckets=_LATENCY_BUCKETS)
+GROUP_COMMIT_SIZE = Histogram(
+    "phasegate_group_commit_size",
+    "Calls sent in one statement by group commit / group load (1 = sent alone).",
+    ["statement"], buckets=(1, 2, 4, 8, 16, 32, 64))
+GROUP_COMMIT_FALLBACKS = Counter(
+    "phasegate_group_commit_fallbacks_total",
+    "Multi-row statements that failed as a whole and were retried one call each.",
+    ["statement"])
 MESSAGES = Counter(
     "phasegate_messages_total", "Received messages by what became of them.", ["outcome"])
 PHASES_IN_FLIGHT = Gauge("phasegate_phases_in_flight", "Phase handlers running now.")

@@ -109,8 +109,9 @@ class RegionalStore(Store):
     """
 
     def __init__(self, pool: asyncpg.Pool, region: str = DEFAULT_REGION, *,
-                 strict: bool = False) -> None:
-        super().__init__(pool)
+                 strict: bool = False, commit_window_s: float = 0.0,
+                 load_window_s: float = 0.0) -> None:
+        super().__init__(pool, commit_window_s=commit_window_s, load_window_s=load_window_s)
         self.region = region
         self.strict = strict
         self._gq = queries("governance.sql")
@@ -380,9 +381,12 @@ async def stores_from_settings(settings: Settings, default_pool: asyncpg.Pool,
     """The worker's store: one ``RegionalStore`` or, with PHASEGATE_STORES, a router whose
     regional pools close with ``stack``."""
     store_map = settings.store_map
+    commit_s = settings.commit_batch_window_ms / 1000
+    load_s = settings.load_batch_window_ms / 1000
     if len(store_map) <= 1:
-        return RegionalStore(default_pool)
-    stores = {DEFAULT_REGION: RegionalStore(default_pool, strict=True)}
+        return RegionalStore(default_pool, commit_window_s=commit_s, load_window_s=load_s)
+    stores = {DEFAULT_REGION: RegionalStore(default_pool, strict=True, commit_window_s=commit_s,
+                                            load_window_s=load_s)}
     for region, dsn in sorted(store_map.items()):
         if region == DEFAULT_REGION:
             continue
@@ -390,7 +394,8 @@ async def stores_from_settings(settings: Settings, default_pool: asyncpg.Pool,
                                         max_size=pool_max or settings.db_pool_max)
         stack.push_async_callback(pool.close)
         await check_schema(pool, region)
-        stores[region] = RegionalStore(pool, region, strict=True)
+        stores[region] = RegionalStore(pool, region, strict=True, commit_window_s=commit_s,
+                                       load_window_s=load_s)
     return StoreRouter(stores)
 
 

@@ -103,6 +103,16 @@ class Settings(BaseSettings):
         "PHASEGATE_DATABASE_POOLER=none.",
     )
     db_connect_timeout_s: float = Field(default=10.0, gt=0)
+    commit_batch_window_ms: float = Field(
+        default=2.0, ge=0, le=50,
+        description="group commit: a commit that finds another commit statement of the "
+        "worker in flight waits at most this long to share the next statement; 0 = off.",
+    )
+    load_batch_window_ms: float = Field(
+        default=2.0, ge=0, le=50,
+        description="group load: the same for the check before each phase (load_for_phase); "
+        "0 = off.",
+    )
 
     # -- readiness on a cold start
     startup_timeout_s: float = Field(default=120.0, gt=0)

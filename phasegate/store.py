@@ -16,6 +16,7 @@ import asyncpg
 
 from phasegate.db import create_pool
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
+from phasegate.group_commit import GroupCommit
 from phasegate.sql import queries
 
 __all__ = ["Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
@@ -102,9 +103,22 @@ class PhaseCommit:
 class Store:
     """Typed access to the phasegate tables over an asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, commit_window_s: float = 0.0,
+                 load_window_s: float = 0.0) -> None:
         self.pool = pool
         self._q = queries()
+        # PHASEGATE_COMMIT_BATCH_WINDOW_MS: concurrent commits share a statement (0: off).
+        self.group_commit: GroupCommit | None = None
+        if commit_window_s > 0:
+            self.group_commit = GroupCommit(
+                pool, single_sql=self._q["commit_phase"], batch_sql=self._q["commit_phases"],
+                window_s=commit_window_s)
+        # PHASEGATE_LOAD_BATCH_WINDOW_MS: concurrent checks share a read (0: off).
+        self.group_load: GroupCommit | None = None
+        if load_window_s > 0:
+            self.group_load = GroupCommit(
+                pool, single_sql=self._q["load_for_phase"], batch_sql=self._q["load_for_phases"],
+                window_s=load_window_s, name="load")
 
     async def ping(self) -> None:
         await self.pool.fetchval(queries("schema.sql")["ping"])
@@ -133,8 +147,13 @@ class Store:
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
                              seq: int | None = None) -> RunPosition | None:
         """``seq``: the message's; a ``waiting`` run is claimed (back to running) only by
-        the message of the seq it waits for, never by a late duplicate of an earlier one."""
-        row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch, seq)
+        the message of the seq it waits for, never by a late duplicate of an earlier one.
+        Shared with concurrent loads under group load (``load_for_phases`` does the same
+        per message)."""
+        if self.group_load is not None:
+            row = await self.group_load.commit((workflow_id, branch, seq))
+        else:
+            row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch, seq)
         if row is None:
             return None
         return RunPosition(
@@ -150,7 +169,8 @@ class Store:
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
                            lease: Lease | None = None, consumed: int | None = None
                            ) -> tuple[datetime, int | None] | None:
-        """Run the one commit statement. None when the run was no longer at this seq.
+        """Run the one commit statement (shared with concurrent commits under group commit,
+        phasegate/group_commit.py). None when the run was no longer at this seq.
 
         ``successor_body``: the successor's JSON when the caller already encoded it (the
         worker sends the same string after the commit: one encoding per transition).
@@ -160,16 +180,24 @@ class Store:
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
-        row = await self.pool.fetchrow(
-            self._q["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
-            commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
-            commit.next_phase, commit.status, commit.tier, commit.tier_label,
-            commit.resource_versions_json, commit.worker_id, commit.trace_id,
-            successor.dedup_id if successor else None,
-            successor.group_id if successor else None, successor_body,
-            commit.outcome, commit.rerun_of, commit.error, commit.review_json,
-            commit.wait_s, commit.wait_until, commit.wait_signal,
-            lease.holder if lease else None, lease.seconds if lease else 0.0, consumed)
+        args = (commit.workflow_id, commit.branch, commit.seq,
+                commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
+                commit.next_phase, commit.status, commit.tier, commit.tier_label,
+                commit.resource_versions_json, commit.worker_id, commit.trace_id,
+                successor.dedup_id if successor else None,
+                successor.group_id if successor else None, successor_body,
+                commit.outcome, commit.rerun_of, commit.error, commit.review_json,
+                commit.wait_s, commit.wait_until, commit.wait_signal,
+                lease.holder if lease else None, lease.seconds if lease else 0.0, consumed)
+        # A wait (kept signal matched, row due later, run `waiting`) is the single-row
+        # statement's alone: commit_phases does not implement it, so those commits never join
+        # a group (and commit_phases refuses a row with a wait, which sends its batch to the
+        # single-row fallback, should one slip through).
+        waits = (commit.wait_s, commit.wait_until, commit.wait_signal) != (None, None, None)
+        if self.group_commit is not None and not waits:
+            row = await self.group_commit.commit(args)
+        else:
+            row = await self.pool.fetchrow(self._q["commit_phase"], *args)
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]

@@ -125,6 +125,7 @@ POOLED_MODULES = frozenset({
     "tests.integration.test_crashes",
     "tests.integration.test_duplicates_and_relay",
     "tests.integration.test_poison_and_failures",
+    "tests.integration.test_group_commit",
     "tests.integration.test_outbox_leases",
 })
 

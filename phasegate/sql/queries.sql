@@ -71,6 +71,61 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) s ON true;
 
+-- name: load_for_phases
+-- Group load (phasegate/group_commit.py): load_for_phase for many messages in ONE statement.
+-- $1/$2/$3: arrays of workflow ids, branches and seqs, one element per message. Returns one
+-- row per message whose run exists, with its ordinal `i` (1-based). Per message, as
+-- load_for_phase: a pending run is claimed; a waiting run only by a main-branch message of the
+-- seq it waits for (its due time and wait cleared); the signal delivered to next_seq comes
+-- back. The same run named twice (a duplicate delivery) is claimed once and returned for both.
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::integer[])
+                  WITH ORDINALITY AS b(workflow_id, branch, seq, i)
+), claimed AS (
+    UPDATE workflow_runs r SET status = 'running', updated_at = now(), due_at = NULL,
+                               waiting_for = NULL
+     WHERE r.workflow_id IN (SELECT workflow_id FROM batch)
+       AND (r.status = 'pending'
+            OR (r.status = 'waiting'
+                AND EXISTS (SELECT 1 FROM batch w
+                             WHERE w.workflow_id = r.workflow_id AND w.branch = 'main'
+                               AND w.seq = r.next_seq)))
+    RETURNING r.workflow_id, r.workflow, r.status, r.next_seq, r.base_seq, r.current_phase,
+              r.schema_version, r.input::text AS input, r.attempts, r.epoch, r.classification,
+              r.region
+), run AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT workflow_id, workflow, status, next_seq, base_seq, current_phase,
+           schema_version, input::text, attempts, epoch, classification, region
+      FROM workflow_runs r
+     WHERE r.workflow_id IN (SELECT workflow_id FROM batch)
+       AND r.workflow_id NOT IN (SELECT workflow_id FROM claimed)
+)
+SELECT b.i, run.*,
+       c.state::text AS state, c.state_hash, c.schema_version AS state_version,
+       e.state::text AS progress, s.payload::text AS signal
+  FROM batch b
+  JOIN run ON run.workflow_id = b.workflow_id
+  LEFT JOIN LATERAL (
+    SELECT state, state_hash, schema_version FROM checkpoints c
+     WHERE c.workflow_id = b.workflow_id AND c.branch = b.branch AND c.seq = run.next_seq - 1
+       AND c.kind = 'phase'
+     LIMIT 1
+  ) c ON true
+  LEFT JOIN LATERAL (
+    SELECT state FROM checkpoints e
+     WHERE e.workflow_id = b.workflow_id AND e.branch = b.branch
+       AND e.seq = run.next_seq AND e.kind = 'emergency'
+     ORDER BY e.checkpoint_id DESC LIMIT 1
+  ) e ON true
+  LEFT JOIN LATERAL (
+    SELECT payload FROM signals s
+     WHERE s.workflow_id = b.workflow_id AND b.branch = 'main'
+       AND s.consumed_seq = run.next_seq
+     LIMIT 1
+  ) s ON true;
+
 -- name: commit_phase
 -- THE commit: checkpoint + run position + successor message, conditional on the run still
 -- being at this seq and running. First commit wins; a late duplicate changes nothing.
@@ -130,6 +185,68 @@ WITH kept AS (
 SELECT (SELECT created_at FROM cp) AS committed_at,
        (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
        (SELECT count(*) FROM sig) AS signals_matched;
+
+-- name: commit_phases
+-- Group commit (phasegate/group_commit.py): commit_phase for many runs in ONE statement. $1-$27
+-- are arrays of commit_phase's arguments, one element per commit. Each row's condition is
+-- checked on its own: a stale commit (run moved on, or not running) only loses its own row.
+-- Two commits of one run and seq in a batch (a duplicate delivery) update the run once; the
+-- one whose ordinal the UPDATE returns wins, and only its checkpoint and outbox row are
+-- written. Returns one row per winning commit: its ordinal (1-based), commit time, outbox id.
+-- Leases and a consumed row ($25-$27) are written per row as commit_phase does. Waits
+-- ($22-$24: a due time, a kept signal matched, the run `waiting`) are NOT implemented here:
+-- the store sends a commit with a wait alone (commit_phase), and a row with one makes this
+-- statement fail (the cast below), so its batch falls back to commit_phase row by row.
+WITH batch AS (
+    SELECT *
+      FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::integer[],
+                  $6::text[], $7::text[], $8::text[], $9::text[], $10::integer[], $11::text[],
+                  $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
+                  $18::text[], $19::integer[], $20::text[], $21::text[], $22::float8[],
+                  $23::timestamptz[], $24::text[], $25::text[], $26::float8[], $27::bigint[])
+           WITH ORDINALITY AS b(workflow_id, branch, seq, phase, schema_version, state,
+                                state_hash, next_phase, status, tier, tier_label,
+                                resource_versions, worker_id, trace_id, dedup_id, group_id,
+                                body, outcome, rerun_of, error, review, wait_s, wait_until,
+                                wait_signal, lease_holder, lease_s, consumed, i)
+     WHERE CASE WHEN wait_s IS NULL AND wait_until IS NULL AND wait_signal IS NULL THEN true
+                ELSE ('commit_phases takes no wait: ' || workflow_id)::boolean END
+), run AS (
+    UPDATE workflow_runs r
+       SET next_seq = b.seq + 1, current_phase = b.next_phase, status = b.status, attempts = 0,
+           due_at = NULL, waiting_for = NULL,
+           error = b.error, tier = b.tier, tier_label = b.tier_label,
+           review = coalesce(b.review::jsonb, r.review),
+           updated_at = now(), finished_at = CASE WHEN b.status = 'completed' THEN now() END
+      FROM batch b
+     WHERE r.workflow_id = b.workflow_id AND r.next_seq = b.seq AND r.status = 'running'
+    RETURNING b.i
+), won AS (
+    SELECT b.* FROM batch b JOIN run ON run.i = b.i
+), cp AS (
+    INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, branch, seq, phase, 'phase', schema_version, state::jsonb, state_hash,
+           tier, tier_label, resource_versions::jsonb, worker_id, trace_id, outcome, rerun_of
+      FROM won
+    RETURNING workflow_id, created_at
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, lease_holder,
+                        lease_until)
+    SELECT workflow_id, branch, seq + 1, dedup_id, group_id, body, lease_holder,
+           CASE WHEN lease_holder IS NOT NULL THEN now() + make_interval(secs => lease_s) END
+      FROM won WHERE dedup_id IS NOT NULL
+    RETURNING workflow_id, outbox_id
+), consumed AS (
+    -- A continued hop's own row, never sent (the hop ran locally): spent by its commit.
+    UPDATE outbox SET sent_at = now()
+     WHERE outbox_id IN (SELECT consumed FROM won WHERE consumed IS NOT NULL)
+       AND sent_at IS NULL
+)
+SELECT won.i, cp.created_at AS committed_at, ob.outbox_id, 0::bigint AS signals_matched
+  FROM won JOIN cp ON cp.workflow_id = won.workflow_id
+  LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
 
 -- name: record_failure
 -- A phase raised: count the attempt; at the limit the run is failed with the error kept.

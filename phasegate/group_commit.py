@@ -1,0 +1,154 @@
+"""Group commit: concurrent phase commits of one process share one statement.
+
+The same machinery groups the check before the phase (``load_for_phase``, "group load"):
+concurrent loads of a worker share one multi-row read.
+
+Every commit is one round trip and one transaction (with ``synchronous_commit`` on, one WAL
+flush). When several transitions of a worker commit at the same moment, they are sent as
+ONE multi-row statement (``commit_phases`` in sql/queries.sql) in which each row's condition
+(the run still at this seq and running) is checked on its own: a stale or duplicate commit
+only loses its own row, and every caller gets its own answer.
+
+When to send, so that batching never costs a lone commit anything:
+
+- nothing in flight: the commit is sent at once, alone (the single-row statement);
+- a commit statement of this store is in flight: the new one waits for it to finish, or for
+  the window (``PHASEGATE_COMMIT_BATCH_WINDOW_MS``) at the latest, and goes with whatever
+  else queued up meanwhile.
+
+If the multi-row statement fails as a whole (a constraint one row breaks, a deadlock between
+two batches), each of its commits is retried on its own with the single-row statement, so only
+the bad one fails. A lost connection is not retried here: every caller gets the error, as a
+single commit would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import asyncpg
+
+from phasegate import metrics
+
+# Bounded so one statement stays small (21 arrays of this many elements) and one slow batch
+# cannot hold a large share of a worker's transitions.
+MAX_BATCH = 64
+# Errors that mean the server or the link is gone: retrying each row alone would only repeat
+# them, slower.
+CONNECTION_LOST = (OSError, TimeoutError, asyncpg.InterfaceError,
+                   asyncpg.PostgresConnectionError,
+                   asyncpg.exceptions.OperatorInterventionError)
+
+Args: TypeAlias = tuple[Any, ...]
+Result: TypeAlias = "asyncpg.Record | None"
+
+
+class GroupCommit:
+    """Batches calls of one single-row statement (``commit_phase``, ``load_for_phase``) into
+    its multi-row form over one pool; see the module docstring."""
+
+    def __init__(self, pool: asyncpg.Pool, *, single_sql: str, batch_sql: str,
+                 window_s: float, max_batch: int = MAX_BATCH, name: str = "commit") -> None:
+        if window_s <= 0:
+            raise ValueError("a group commit needs a window above 0 (0 turns it off)")
+        self._pool = pool
+        self._single_sql = single_sql
+        self._batch_sql = batch_sql
+        self._window_s = window_s
+        self._max_batch = max_batch
+        self._size = metrics.GROUP_COMMIT_SIZE.labels(statement=name)
+        self._fallbacks = metrics.GROUP_COMMIT_FALLBACKS.labels(statement=name)
+        self._pending: list[tuple[Args, asyncio.Future[Result]]] = []
+        self._in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        self.statements = 0  # multi-row statements sent (tests and bench read it)
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for the next statement (tests wait on it)."""
+        return len(self._pending)
+
+    async def commit(self, args: Args) -> Result:
+        """Run one call (the single-row statement's arguments) in the next statement; its row,
+        or None (a commit superseded, a run that does not exist)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        self._pending.append((args, future))
+        if self._in_flight == 0 or len(self._pending) >= self._max_batch:
+            self._start_flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._window_s, self._start_flush)
+        # The flush owns the outcome: a cancelled caller (shutdown) does not cancel the
+        # statement its commit is part of, like a shielded single commit.
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_retrieved)  # nobody awaits it any more: no stray log
+            raise
+
+    def _start_flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = (self._pending[:self._max_batch],
+                                self._pending[self._max_batch:])
+        if not batch:
+            return
+        self._in_flight += 1
+        # Not a fire-and-forget task: it settles every future of its batch whatever happens,
+        # and every caller awaits its future, so nothing it does goes unseen. A stopping worker
+        # drains its transitions first, so no flush outlives them.
+        task = asyncio.get_running_loop().create_task(self._flush(batch))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self, batch: list[tuple[Args, asyncio.Future[Result]]]) -> None:
+        self._size.observe(len(batch))
+        try:
+            if len(batch) == 1:
+                results: Sequence[Result | BaseException] = [
+                    await self._pool.fetchrow(self._single_sql, *batch[0][0])]
+            else:
+                results = await self._together([args for args, _ in batch])
+        except BaseException as exc:
+            results = [exc] * len(batch)
+        finally:
+            self._in_flight -= 1
+            if self._pending:
+                self._start_flush()
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, asyncio.CancelledError):  # the loop is going away
+                future.cancel()
+            elif isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _together(self, batch: list[Args]) -> Sequence[Result | BaseException]:
+        # Rows sorted by run so two batches lock shared runs in the same order (duplicates of
+        # one message in two workers), which keeps deadlocks rare; one is retried anyway.
+        order = sorted(range(len(batch)), key=lambda i: batch[i][0])
+        columns = [list(column) for column in zip(*(batch[i] for i in order), strict=True)]
+        try:
+            rows: list[asyncpg.Record] = await self._pool.fetch(self._batch_sql, *columns)
+        except CONNECTION_LOST:
+            raise
+        except asyncpg.PostgresError:
+            self._fallbacks.inc()
+            alone: list[Result | BaseException] = await asyncio.gather(
+                *(self._pool.fetchrow(self._single_sql, *args) for args in batch),
+                return_exceptions=True)
+            return alone
+        self.statements += 1
+        won = {order[row["i"] - 1]: row for row in rows}
+        return [won.get(i) for i in range(len(batch))]
+
+
+def _retrieved(future: asyncio.Future[Result]) -> None:
+    if not future.cancelled():
+        future.exception()
