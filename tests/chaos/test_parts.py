@@ -81,6 +81,7 @@ def test_outages_never_hide_other_sqs_windows() -> None:
 def test_the_proxy_recognises_the_statements_it_cuts() -> None:
     q = queries()
     assert classify(q["commit_phase"]) == "phase_commit"
+    assert classify(q["commit_phases"]) == "phase_commit"  # a group commit
     assert classify(q["step_claim"]) == "step_claim"
     assert classify(q["step_complete"]) == "step_complete"
     assert classify(q["load_for_phase"]) is None
