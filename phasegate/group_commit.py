@@ -31,15 +31,11 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from phasegate import metrics
+from phasegate.db_errors import DATABASE_DOWN
 
 # Bounded so one statement stays small (21 arrays of this many elements) and one slow batch
 # cannot hold a large share of a worker's transitions.
 MAX_BATCH = 64
-# Errors that mean the server or the link is gone: retrying each row alone would only repeat
-# them, slower.
-CONNECTION_LOST = (OSError, TimeoutError, asyncpg.InterfaceError,
-                   asyncpg.PostgresConnectionError,
-                   asyncpg.exceptions.OperatorInterventionError)
 
 Args: TypeAlias = tuple[Any, ...]
 Result: TypeAlias = "asyncpg.Record | None"
@@ -136,7 +132,7 @@ class GroupCommit:
         columns = [list(column) for column in zip(*(batch[i] for i in order), strict=True)]
         try:
             rows: list[asyncpg.Record] = await self._pool.fetch(self._batch_sql, *columns)
-        except CONNECTION_LOST:
+        except DATABASE_DOWN:  # retrying each row alone would only repeat it, slower
             raise
         except asyncpg.PostgresError:
             self._fallbacks.inc()

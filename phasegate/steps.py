@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 import asyncpg
 import structlog
 
+from phasegate.db_errors import DATABASE_DOWN
 from phasegate.envelope import canonical_json
 from phasegate.faults import Faults
 from phasegate.sql import queries
@@ -134,10 +135,6 @@ class StepLedger(Protocol):
     async def done_batches(self, workflow_id: str, batch_ids: list[str]) -> set[str]: ...
 
 
-# What "phasegate's own database is unreachable" looks like from asyncpg (as in
-# worker/transition.py, which imports this module).
-STORE_DOWN = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-              asyncpg.exceptions.OperatorInterventionError)
 
 
 class LedgerUnavailable(ConnectionError):
@@ -157,19 +154,19 @@ class _StorePool:
     async def fetchrow(self, query: str, *args: Any) -> Any:
         try:
             return await self._pool.fetchrow(query, *args)
-        except STORE_DOWN as exc:
+        except DATABASE_DOWN as exc:
             raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
 
     async def fetch(self, query: str, *args: Any) -> Any:
         try:
             return await self._pool.fetch(query, *args)
-        except STORE_DOWN as exc:
+        except DATABASE_DOWN as exc:
             raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
 
     async def execute(self, query: str, *args: Any) -> Any:
         try:
             return await self._pool.execute(query, *args)
-        except STORE_DOWN as exc:
+        except DATABASE_DOWN as exc:
             raise LedgerUnavailable(f"step ledger: {type(exc).__name__}") from exc
 
 

@@ -40,6 +40,7 @@ from phasegate.branches import (
     load_branch,
 )
 from phasegate.context import Context
+from phasegate.db_errors import DATABASE_DOWN
 from phasegate.door import Door, Halt
 from phasegate.door import enter as enter_door
 from phasegate.door import settle as settle_door
@@ -79,10 +80,6 @@ from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.transition")
 
-# What "the database is unreachable" looks like from asyncpg: the message goes back to the
-# queue with a backoff, and the phase's retry budget is not charged for it.
-DATABASE_DOWN = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-                 asyncpg.exceptions.OperatorInterventionError)
 ERROR_TEXT_LIMIT = 500
 
 
