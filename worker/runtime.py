@@ -484,21 +484,27 @@ class Worker:
     async def _heartbeat(self) -> None:
         """Extend the lease of every held message, so the visibility timeout can stay short
         and a dead worker's message comes back in seconds."""
-        assert self.queue is not None
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)  # a period, not a synchronisation
-            await self._extend_leases()
-            handles = list(self._held)
-            if not handles:
-                continue
-            try:
-                await self.queue.change_visibility(
-                    [(h, self.settings.visibility_timeout_s) for h in handles])
-                metrics.HEARTBEATS.inc(len(handles))
-            except QueueError as exc:
-                # A lease we lost (the message went back and was taken elsewhere): the commit
-                # condition keeps the other delivery from doubling the work.
-                log.warning("heartbeat_partial", failed=len(exc.failed))
-            except Exception as exc:
-                metrics.SQS_ERRORS.labels("heartbeat").inc()
-                log.warning("heartbeat_failed", error=type(exc).__name__)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        assert self.queue is not None
+        await self._extend_leases()
+        handles = list(self._held)
+        if not handles:
+            return
+        try:
+            await self.queue.change_visibility(
+                [(h, self.settings.visibility_timeout_s) for h in handles])
+            metrics.HEARTBEATS.inc(len(handles))
+        except QueueError as exc:
+            # A handle settled (deleted) while the call was on its way fails too: that is no
+            # lost lease. One still held is: the message went back and may be taken elsewhere,
+            # and the commit condition keeps that delivery from doubling the work.
+            lost = [h for h in exc.failed if h in self._held]
+            if lost:
+                log.warning("heartbeat_partial", failed=len(lost))
+        except Exception as exc:
+            metrics.SQS_ERRORS.labels("heartbeat").inc()
+            log.warning("heartbeat_failed", error=type(exc).__name__)
