@@ -10,6 +10,8 @@ same control plane as the API and asks for the role the API asks for the same da
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 from pathlib import Path as FilePath
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -20,6 +22,7 @@ from fastapi import FastAPI, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from phasegate.orchestrator import console_pages as pages
+from phasegate.orchestrator import console_timeline as timelines
 from phasegate.orchestrator.auth import AuthUnavailable, Caller
 from phasegate.orchestrator.console_session import (
     CSRF_FIELD,
@@ -36,6 +39,7 @@ from phasegate.orchestrator.console_svg import dag_svg
 from phasegate.orchestrator.gate import required_role
 from phasegate.orchestrator.quarantine import list_quarantine, redrive
 from phasegate.orchestrator.views import ControlError, Invalid
+from phasegate.presence import live_workers
 from phasegate.sql import queries
 
 if TYPE_CHECKING:
@@ -49,7 +53,12 @@ STATIC_TYPES = {"console.css": "text/css; charset=utf-8",
 PAGE_SIZES = (25, 50, 100, 200)
 REFRESH_S = 5
 RUN_ACTIONS = ("cancel", "retry", "restart", "approve", "reject", "merge")
+# What the signal form's redirect reports (run.html).
+SIGNAL_OUTCOMES = ("signal", "signal-kept", "signal-duplicate")
 MAX_FORM_FIELD = 1000
+# Fields kept whole: a cut JSON payload could still parse, as something else. The gate
+# bounds the whole body (PHASEGATE_API_MAX_BODY_BYTES).
+WHOLE_FIELDS = frozenset({"payload"})
 
 
 class Refused(Exception):
@@ -67,7 +76,9 @@ def _environment() -> jinja2.Environment:
     env.filters["q"] = lambda value: quote(str(value), safe="")
     env.filters["age"] = pages.age
     env.filters["duration"] = pages.duration
+    env.filters["until"] = timelines.until
     env.globals["badge"] = pages.badge
+    env.globals["watchdog_badge"] = pages.watchdog_badge
     return env
 
 
@@ -120,7 +131,8 @@ def mount_console(app: FastAPI, services: Services) -> None:
 
     async def form_of(request: Request) -> dict[str, str]:
         body = (await request.body()).decode("utf-8", "replace")
-        return {k: v[:MAX_FORM_FIELD] for k, v in parse_qsl(body, keep_blank_values=True)}
+        return {k: v if k in WHOLE_FIELDS else v[:MAX_FORM_FIELD]
+                for k, v in parse_qsl(body, keep_blank_values=True)}
 
     async def checked_form(request: Request, caller: Caller, token: str | None,
                            role: str) -> dict[str, str]:
@@ -195,32 +207,72 @@ def mount_console(app: FastAPI, services: Services) -> None:
 
         return await page(request, "viewer", build)
 
+    async def run_view(request: Request, caller: Caller, token: str | None,
+                       workflow_id: str, *, status: int = 200,
+                       signal_form: dict[str, Any] | None = None) -> Response:
+        """The run page; ``signal_form``: a refused signal's fields and error, shown again."""
+        show_state = request.query_params.get("state") == "1"
+        scoped = await control.acting_as(caller.name).scoped(workflow_id)
+        run = await scoped.views.get_run(workflow_id)
+        history, actions, forks, retries, attempts, waits = await asyncio.gather(
+            scoped.views.checkpoints(workflow_id, include_state=show_state,
+                                     limit=timelines.MAX_TIMELINE, roles=caller.roles),
+            scoped.views.actions(workflow_id), scoped.branches(workflow_id),
+            timelines.retries_by_seq(scoped.pool, workflow_id),
+            timelines.attempts_of(scoped.pool, workflow_id),
+            timelines.waits_of(scoped.pool, workflow_id))
+        run_json = run.model_dump(mode="json")
+        checkpoints_json = [c.model_dump(mode="json") for c in history.checkpoints]
+        open_forks = [f for f in forks if f["status"] == "open"]
+        if signal_form is None and run.status == "waiting" and run.waiting_for \
+                and caller.may(required_role("signal")):
+            signal_form = {"name": run.waiting_for, "payload": "", "error": None}
+        if signal_form is not None:
+            # A double click sends one signal: the second is a duplicate of this key.
+            signal_form["key"] = secrets.token_hex(16)
+        done = request.query_params.get("done")
+        return render(
+            request, "run.html", status, caller=caller, token=token, run=run,
+            timeline=timelines.timeline(run, history.checkpoints, retries,
+                                        attempts=attempts, waits=waits),
+            actions=actions, dag=dag_svg(run_json, checkpoints_json, forks),
+            buttons=pages.allowed_actions(run, caller), show_state=show_state,
+            merge_branches=[b["branch"] for f in open_forks for b in f["branches"]]
+            if caller.may(required_role("merge")) else [],
+            signal_form=signal_form,
+            done=done if done in RUN_ACTIONS or done in SIGNAL_OUTCOMES else None)
+
     @app.get("/ui/runs/{workflow_id}", include_in_schema=False)
     async def run_page(request: Request, workflow_id: str) -> Response:
-        show_state = request.query_params.get("state") == "1"
-
         async def build(caller: Caller, token: str | None) -> Response:
-            scoped = await control.acting_as(caller.name).scoped(workflow_id)
-            run = await scoped.views.get_run(workflow_id)
-            history, actions, forks, retries = await asyncio.gather(
-                scoped.views.checkpoints(workflow_id, include_state=show_state,
-                                         limit=pages.MAX_TIMELINE, roles=caller.roles),
-                scoped.views.actions(workflow_id), scoped.branches(workflow_id),
-                pages.retries_by_seq(scoped.pool, workflow_id))
-            run_json = run.model_dump(mode="json")
-            checkpoints_json = [c.model_dump(mode="json") for c in history.checkpoints]
-            open_forks = [f for f in forks if f["status"] == "open"]
-            return render(
-                request, "run.html", caller=caller, token=token, run=run,
-                timeline=pages.timeline(run, history.checkpoints, retries),
-                actions=actions, dag=dag_svg(run_json, checkpoints_json, forks),
-                buttons=pages.allowed_actions(run, caller), show_state=show_state,
-                merge_branches=[b["branch"] for f in open_forks for b in f["branches"]]
-                if caller.may(required_role("merge")) else [],
-                done=request.query_params.get("done") if request.query_params.get("done")
-                in RUN_ACTIONS else None)
+            return await run_view(request, caller, token, workflow_id)
 
         return await page(request, "viewer", build)
+
+    # Before the generic /{action} route below, which would take "signal" for an action.
+    @app.post("/ui/runs/{workflow_id}/signal", include_in_schema=False)
+    async def signal_action(request: Request, workflow_id: str) -> Response:
+        async def build(caller: Caller, token: str | None) -> Response:
+            form = await checked_form(request, caller, token, required_role("signal"))
+            name, text = form.get("name", "").strip(), form.get("payload", "")
+            key = form.get("key") or None
+            try:
+                payload = signal_payload(text)
+                # The API's own path (POST /v1/workflows/{id}/signals/{name}).
+                scoped = await control.acting_as(caller.name).scoped(workflow_id)
+                result = await scoped.signal(workflow_id, name, payload,
+                                             "console:" + key if key else None)
+            except Invalid as exc:
+                return await run_view(request, caller, token, workflow_id, status=422,
+                                      signal_form={"name": name, "payload": text,
+                                                   "error": exc.reason})
+            outcome = ("signal-duplicate" if result.duplicate else
+                       "signal" if result.delivered else "signal-kept")
+            return RedirectResponse(f"/ui/runs/{quote(workflow_id, safe='')}?done={outcome}",
+                                    303)
+
+        return await page(request, "viewer", build)
+
 
     @app.post("/ui/runs/{workflow_id}/{action}", include_in_schema=False)
     async def run_action(request: Request, workflow_id: str, action: str) -> Response:
@@ -279,14 +331,15 @@ def mount_console(app: FastAPI, services: Services) -> None:
         from phasegate.orchestrator.api import queue_state
 
         async def build(caller: Caller, token: str | None) -> Response:
-            fleet, queue, oldest, lag, held = await asyncio.gather(
+            fleet, queue, oldest, lag, held, workers, ages = await asyncio.gather(
                 services.fleet.snapshot(), queue_state(services),
                 control.views.oldest_unfinished_age_s(),
                 control.pool.fetchval(queries()["outbox_lag"]),
-                list_quarantine(control, limit=1))
+                list_quarantine(control, limit=1), live_workers(control.pool),
+                control.views.message_ages())
             return render(request, "fleet.html", caller=caller, token=token, fleet=fleet,
                           queue=queue, oldest_s=oldest, outbox_lag_s=float(lag),
-                          quarantine_open=held.open)
+                          quarantine_open=held.open, workers=workers, ages=ages)
 
         return await page(request, "viewer", build)
 
@@ -325,3 +378,22 @@ def _float(value: str | None, default: float) -> float:
     if not 0 <= number <= 10 * 365 * 86400:
         raise Refused(422, "older_than must be between 0 and ten years (seconds)")
     return number
+
+
+def signal_payload(text: str) -> Any:
+    """The signal form's payload: JSON text, or nothing at all for null."""
+    if not text.strip():
+        return None
+
+    def not_json(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=not_json)
+    except json.JSONDecodeError as exc:
+        raise Invalid(f"the payload is not valid JSON: {exc.msg} (line {exc.lineno}, column "
+                      f"{exc.colno})") from None
+    except ValueError as exc:
+        raise Invalid(f"the payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise Invalid("the payload nests too deeply") from None

@@ -1,5 +1,6 @@
-"""The orchestrator process: the HTTP API, the outbox relay, the queue-depth exporter and
-(when schedules are defined) the scheduler on one event loop.
+"""The orchestrator process: the HTTP API, the outbox relay, the queue-depth exporter, the
+purge of stale worker presence rows and (when schedules are defined) the scheduler on one
+event loop.
 
 They run as supervised tasks: if one of them ends with an error the others are stopped
 and the process exits non-zero (loudly), never with a side task silently gone. ``stop()`` (on
@@ -24,6 +25,7 @@ from phasegate.orchestrator.auth import Authenticator, authenticator_from
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.fleet import FleetView
+from phasegate.orchestrator.presence_purge import PresencePurger
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.scheduler import Scheduler, schedules_for
 from phasegate.queue import SqsQueue
@@ -78,6 +80,7 @@ class Orchestrator:
         self._regional_relays: list[Relay] = []  # one per extra store of PHASEGATE_STORES
         self._exporter: QueueDepthExporter | None = None
         self._scheduler: Scheduler | None = None
+        self._presence_purger: PresencePurger | None = None
         self._auth: Authenticator | None = None
 
     @property
@@ -96,6 +99,8 @@ class Orchestrator:
             self._exporter.stop()
         if self._scheduler is not None:
             self._scheduler.stop()
+        if self._presence_purger is not None:
+            self._presence_purger.stop()
 
     def authenticator(self) -> Authenticator:
         """Who may call /v1 (PHASEGATE_API_AUTH); a SettingsError when it cannot be built,
@@ -174,6 +179,8 @@ class Orchestrator:
                     queue=queue, views=control.views, dlq=dlq,
                     interval_s=self.options.exporter_interval_s)
                 tasks["exporter"] = self._exporter.run
+                self._presence_purger = PresencePurger(pool, settings.presence_retention_s)
+                tasks["presence_purge"] = self._presence_purger.run
                 if schedules:  # every replica runs one: a tick is claimed by exactly one
                     self._scheduler = Scheduler(
                         pool=pool, queue=queue, schedules=schedules,

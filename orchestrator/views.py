@@ -128,6 +128,15 @@ class StallReport(BaseModel):
     stalls: list[Stall]
 
 
+class MessageAges(BaseModel):
+    """How long messages have waited, from PostgreSQL (control.sql ``message_ages``)."""
+
+    not_started_s: float | None
+    not_started: int
+    uncommitted_s: float | None
+    uncommitted: int
+
+
 class SummaryRow(BaseModel):
     status: str
     workflow: str
@@ -242,6 +251,10 @@ class Views:
 
     async def oldest_unfinished_age_s(self) -> float:
         return float(await self.pool.fetchval(self._q["oldest_unfinished_age"]))
+
+    async def message_ages(self) -> MessageAges:
+        row = await self.pool.fetchrow(self._q["message_ages"])
+        return MessageAges(**dict(row))
 
     async def runs_by_status(self) -> dict[str, int]:
         rows = await self.pool.fetch(self._q["runs_by_status"])

@@ -47,7 +47,7 @@ class Failure:
 
 
 async def record_failure(store: Store, envelope: Envelope, error: str,
-                         max_attempts: int) -> Failure | None:
+                         max_attempts: int, *, worker_id: str | None = None) -> Failure | None:
     """Count a failed attempt of a branch phase; at the limit the branch fails (above)."""
     workflow_id, branch = envelope.workflow_id, envelope.branch
     await guard(store, workflow_id)
@@ -59,7 +59,7 @@ async def record_failure(store: Store, envelope: Envelope, error: str,
         fork = await connection.fetchrow(sql()["fork_lock"], workflow_id, at["fork_seq"],
                                          at["parent_branch"])
         row = await connection.fetchrow(sql()["branch_failure"], workflow_id, branch, error,
-                                        envelope.seq, max_attempts)
+                                        envelope.seq, max_attempts, envelope.phase, worker_id)
         if row is None:
             return None
         if row["status"] == "failed" and fork is not None:

@@ -200,9 +200,11 @@ class RegionalStore(Store):
         return result
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
-                             max_attempts: int) -> tuple[int, str] | None:
+                             max_attempts: int, *, phase: str | None = None,
+                             worker_id: str | None = None) -> tuple[int, str] | None:
         await self.guard(workflow_id)
-        return await super().record_failure(workflow_id, seq, error, max_attempts)
+        return await super().record_failure(workflow_id, seq, error, max_attempts,
+                                            phase=phase, worker_id=worker_id)
 
     async def halt_run(self, workflow_id: str, seq: int, status: str, reason: str) -> bool:
         await self.guard(workflow_id)
@@ -311,9 +313,10 @@ class StoreRouter(Store):
             commit, successor_body, lease=lease, consumed=consumed)
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
-                             max_attempts: int) -> tuple[int, str] | None:
+                             max_attempts: int, *, phase: str | None = None,
+                             worker_id: str | None = None) -> tuple[int, str] | None:
         return await self.for_run(workflow_id).record_failure(
-            workflow_id, seq, error, max_attempts)
+            workflow_id, seq, error, max_attempts, phase=phase, worker_id=worker_id)
 
     async def halt_run(self, workflow_id: str, seq: int, status: str, reason: str) -> bool:
         return await self.for_run(workflow_id).halt_run(workflow_id, seq, status, reason)

@@ -148,6 +148,14 @@ class Settings(BaseSettings):
         "This worker's pod (downward API metadata.name); the deletion cost patches it."))
     pod_namespace: str | None = Field(default=None, description=(
         "This worker's namespace (downward API metadata.namespace)."))
+    # -- worker presence (phasegate/presence.py): what the console's fleet page lists
+    presence_interval_s: float = Field(default=15.0, ge=0, le=3600, description=(
+        "How often a worker upserts its row in worker_presence (in flight, watchdog state), "
+        "and at once on every watchdog state change; a row counts as live for two intervals. "
+        "0: never (the fleet page then lists no workers)."))
+    presence_retention_s: float = Field(default=3600.0, gt=0, description=(
+        "The orchestrator deletes worker_presence rows not updated for this long (workers "
+        "killed, scaled in or stopped). At least twice PHASEGATE_PRESENCE_INTERVAL_S."))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
 
@@ -298,6 +306,10 @@ class Settings(BaseSettings):
             )
         if self.db_pool_min > self.db_pool_max:
             raise ValueError("db_pool_min must not exceed db_pool_max")
+        if self.presence_retention_s < 2 * self.presence_interval_s:
+            # A live worker's row would be purged between two of its reports.
+            raise ValueError("presence_retention_s must be at least twice presence_interval_s "
+                             f"({self.presence_retention_s} < 2 * {self.presence_interval_s})")
         return self
 
     @property

@@ -203,9 +203,11 @@ class Store:
         return row["committed_at"], row["outbox_id"]
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
-                             max_attempts: int) -> tuple[int, str] | None:
+                             max_attempts: int, *, phase: str | None = None,
+                             worker_id: str | None = None) -> tuple[int, str] | None:
+        """Count a failed attempt (and keep it in ``phase_attempts``); (attempts, status)."""
         row = await self.pool.fetchrow(
-            self._q["record_failure"], workflow_id, seq, error, max_attempts)
+            self._q["record_failure"], workflow_id, seq, error, max_attempts, phase, worker_id)
         return (row["attempts"], row["status"]) if row else None
 
     async def halt_run(self, workflow_id: str, seq: int, status: str, reason: str) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -59,6 +60,24 @@ class EmergencyController:
         self._persisted: dict[str, int] = {}
         self.reduced = False
         self.flushes = 0
+        self.flushing = False
+        self._last_flush: float | None = None
+        # Told of every state change (worker/presence.py reports it at once).
+        self.on_change: Callable[[], None] | None = None
+
+    @property
+    def state(self) -> str:
+        """What the fleet page shows (phasegate/presence.py): flushing, pressure or ok."""
+        if self.flushing:
+            return "flushing"
+        return "pressure" if self.reduced else "ok"
+
+    def last_flush_ago_s(self) -> float | None:
+        return None if self._last_flush is None else time.monotonic() - self._last_flush
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def submit(self, event: PressureEvent) -> None:
         """The watchdog's ``call_soon_threadsafe`` target: runs on the loop thread."""
@@ -79,10 +98,13 @@ class EmergencyController:
         started = time.monotonic()
         worker = self.worker
         worker.pause_receiving()
+        self.flushing = True
+        self._changed()
         try:
             committed = await asyncio.shield(self._checkpoint_running())
             shed = await worker.shed_unstarted()
         finally:
+            self.flushing = False
             if not worker.stopping:
                 worker.set_concurrency(self._reduced_limit())
                 self.reduced = True
@@ -90,6 +112,8 @@ class EmergencyController:
                     worker.resume_receiving()
         duration = time.monotonic() - started
         self.flushes += 1
+        self._last_flush = time.monotonic()
+        self._changed()
         FLUSHES.labels(event.reason).inc()
         FLUSH_DURATION.observe(duration)
         SHED.inc(shed)
@@ -104,6 +128,7 @@ class EmergencyController:
         self.reduced = False
         self.worker.set_concurrency(self.worker.settings.concurrency)
         self.worker.resume_receiving()
+        self._changed()
         log.info("pressure_released", concurrency=self.worker.concurrency_limit, **event.detail)
 
     def _reduced_limit(self) -> int:

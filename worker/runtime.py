@@ -32,6 +32,7 @@ from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.continuation import ContinuationConfig
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
+from phasegate.worker.presence import reporter_for
 from phasegate.worker.probes import ProbeServer
 from phasegate.worker.startup import connect_dependencies
 from phasegate.worker.transition import (
@@ -208,9 +209,14 @@ class Worker:
             if watchdog is not None:
                 stack.callback(watchdog.stop)
                 side.add(asyncio.create_task(emergency.run(), name="emergency"))
+            # Logs and retries its own failures: a database outage never ends it.
+            presence = reporter_for(self, emergency if watchdog is not None else None)
+            if presence is not None:
+                side.add(asyncio.create_task(presence.run(), name="presence"))
             self._ready = True
             metrics.READY.set(1)
             log.info("worker_ready", worker_id=self.settings.worker_id,
+                     presence_id=presence.worker_id if presence else None,
                      workflows=self.registry.names(), concurrency=self.settings.concurrency)
             try:
                 await self._supervise(self._receive_loop(burst), side)

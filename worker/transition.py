@@ -365,10 +365,12 @@ class PhaseTransition:
         log.error("phase_error", phase=phase_name, retryable=retryable, **described)
         limit = self.config.max_attempts if retryable else 0
         if envelope.branch == MAIN_BRANCH:
-            result = await self.store.record_failure(envelope.workflow_id, envelope.seq, error,
-                                                     limit)
+            result = await self.store.record_failure(
+                envelope.workflow_id, envelope.seq, error, limit, phase=phase_name,
+                worker_id=self.config.worker_id)
         else:  # a failed branch may fan its fork in (phasegate/branch_failures.py)
-            failure = await record_branch_failure(self.store, envelope, error, limit)
+            failure = await record_branch_failure(self.store, envelope, error, limit,
+                                                  worker_id=self.config.worker_id)
             result = None if failure is None else (failure.attempts, failure.status)
             for row in failure.outbox if failure is not None else []:
                 await self.emit(row)

@@ -241,15 +241,25 @@ RETURNING checkpoint_id;
 
 -- name: branch_failure
 -- A branch phase raised: count the attempt on the branch; at the limit the branch is failed.
--- Whether that fails the run is decided under the fork lock (phasegate/branches.py).
-UPDATE branches
-   SET attempts = attempts + 1, error = $3, updated_at = now(),
-       status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE status END,
-       finished_at = CASE WHEN attempts + 1 >= $5 THEN now() ELSE finished_at END
- WHERE workflow_id = $1 AND branch = $2 AND next_seq = $4 AND status = 'running'
-   AND EXISTS (SELECT 1 FROM workflow_runs r
-                WHERE r.workflow_id = $1 AND r.status = 'running')
-RETURNING attempts, status;
+-- Whether that fails the run is decided under the fork lock (phasegate/branches.py). The
+-- attempt is kept as record_failure keeps it (0015, phase_attempts); $6 phase, $7 worker.
+WITH br AS (
+    UPDATE branches
+       SET attempts = attempts + 1, error = $3, updated_at = now(),
+           status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE status END,
+           finished_at = CASE WHEN attempts + 1 >= $5 THEN now() ELSE finished_at END
+     WHERE workflow_id = $1 AND branch = $2 AND next_seq = $4 AND status = 'running'
+       AND EXISTS (SELECT 1 FROM workflow_runs r
+                    WHERE r.workflow_id = $1 AND r.status = 'running')
+    RETURNING attempts, status
+), kept AS (
+    INSERT INTO phase_attempts (workflow_id, branch, seq, phase, attempt, outcome, error,
+                                worker_id)
+    SELECT $1, $2, $4, $6::text, attempts,
+           CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END, $3, $7::text
+      FROM br
+)
+SELECT attempts, status FROM br;
 
 -- name: branch_halt
 -- A branch that cannot go on (its checkpoint is corrupt or cannot be upcast): the branch is

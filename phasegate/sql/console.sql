@@ -41,3 +41,26 @@ SELECT seq, count(*) FILTER (WHERE action IN ('retry', 'reject')) AS retries,
 -- name: unmark_redriven
 -- The resume behind a redrive was refused after the row was claimed: release the claim.
 UPDATE quarantine SET redriven_at = NULL, redriven_by = NULL WHERE quarantine_id = $1;
+
+-- name: attempts_of_run
+-- The failed attempts of a run's phases, every branch, in the order they failed (0015).
+SELECT branch, seq, phase, attempt, outcome, error, worker_id, failed_at
+  FROM phase_attempts
+ WHERE workflow_id = $1
+ ORDER BY attempt_id
+ LIMIT $2;
+
+-- name: waits_of_run
+-- The waits of a run's main chain: the successor rows with a due time (0010), the newest one
+-- per seq. created_at: the commit that asked for the wait (same statement as its
+-- checkpoint); due_at: when it was over (a signal's wake sets it to the signal's arrival);
+-- resumed_at: when the next phase started (0015); the signal it waited for (0015) and the one
+-- that ended it.
+SELECT DISTINCT ON (o.seq)
+       o.seq, o.created_at AS deferred_at, o.due_at, o.resumed_at, o.sent_at, o.wait_signal,
+       s.name AS signal_name
+  FROM outbox o
+  LEFT JOIN signals s ON s.workflow_id = o.workflow_id AND s.consumed_seq = o.seq
+ WHERE o.workflow_id = $1 AND o.branch = 'main' AND o.due_at IS NOT NULL
+ ORDER BY o.seq, o.outbox_id DESC
+ LIMIT $2;

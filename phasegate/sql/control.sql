@@ -72,6 +72,36 @@ SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
   FROM workflow_runs
  WHERE status IN ('pending', 'running', 'awaiting_review');
 
+-- name: message_ages
+-- The fleet page's message ages (database time, seconds; NULL: none). SQS keeps the age of its
+-- oldest message for CloudWatch only (ApproximateAgeOfOldestMessage); this is what
+-- PostgreSQL can tell of the main chains:
+-- - not_started: a message whose phase has certainly not started: a pending run's start
+--   message, since it was sent (the claim moves the run to running), and a finished wait,
+--   since its due time (the claim clears `waiting`);
+-- - uncommitted: a running run's latest successor, since it was sent, whose phase has not
+--   committed: in the queue or running -- the database cannot tell which.
+WITH heads AS (
+    SELECT r.status, r.due_at,
+           (SELECT o.sent_at FROM outbox o
+             WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
+             ORDER BY o.outbox_id DESC LIMIT 1) AS sent_at
+      FROM workflow_runs r
+     WHERE r.status IN ('pending', 'running')
+        OR (r.status = 'waiting' AND r.due_at <= now())
+), ready AS (
+    SELECT status, sent_at,
+           CASE WHEN status = 'pending' THEN sent_at WHEN status = 'waiting' THEN due_at END
+               AS since
+      FROM heads
+)
+SELECT extract(epoch FROM now() - min(since))::float8 AS not_started_s,
+       count(since) AS not_started,
+       extract(epoch FROM now() - min(sent_at) FILTER (WHERE status = 'running'))::float8
+           AS uncommitted_s,
+       count(sent_at) FILTER (WHERE status = 'running') AS uncommitted
+  FROM ready;
+
 -- name: runs_by_status
 -- The exporter's phasegate_runs gauge: an index-only scan of workflow_runs_status_idx.
 SELECT status, count(*)::bigint AS runs

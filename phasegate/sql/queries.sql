@@ -39,6 +39,16 @@ WITH claimed AS (
       AND (status = 'pending' OR (status = 'waiting' AND next_seq = $3::int AND $2 = 'main'))
     RETURNING workflow_id, workflow, status, next_seq, base_seq, current_phase,
               schema_version, input::text AS input, attempts, epoch, classification, region
+), resumed AS (
+    -- 0015: claiming a waiting run starts the phase after its wait; the wait's row keeps when
+    -- (the console's timeline). Only such a claim writes. Every other writer of an outbox row
+    -- is one short statement that never waits for a run row, so this cannot deadlock and
+    -- waits at most for one of them.
+    UPDATE outbox o SET resumed_at = now()
+      FROM claimed c
+     WHERE o.workflow_id = $1 AND $2 = 'main' AND o.workflow_id = c.workflow_id
+       AND o.branch = 'main' AND o.seq = c.next_seq AND o.due_at IS NOT NULL
+       AND o.resumed_at IS NULL
 ), run AS (
     SELECT * FROM claimed
     UNION ALL
@@ -93,6 +103,12 @@ WITH batch AS (
     RETURNING r.workflow_id, r.workflow, r.status, r.next_seq, r.base_seq, r.current_phase,
               r.schema_version, r.input::text AS input, r.attempts, r.epoch, r.classification,
               r.region
+), resumed AS (
+    -- As in load_for_phase: a claimed waiting run's wait row keeps when its next phase started.
+    UPDATE outbox o SET resumed_at = now()
+      FROM claimed c
+     WHERE o.workflow_id = c.workflow_id AND o.branch = 'main' AND o.seq = c.next_seq
+       AND o.due_at IS NOT NULL AND o.resumed_at IS NULL
 ), run AS (
     SELECT * FROM claimed
     UNION ALL
@@ -171,10 +187,12 @@ WITH kept AS (
 ), ob AS (
     -- $25: a worker that continues the run itself (worker/continuation.py) writes the
     -- successor leased to itself for $26 seconds; nobody sends it while the lease is live.
+    -- wait_signal (0015): the signal a wait is for, kept for the timeline after the wait.
     INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at,
-                        lease_holder, lease_until)
+                        lease_holder, lease_until, wait_signal)
     SELECT workflow_id, $2, $3 + 1, $15::text, $16, $17, (SELECT at FROM due), $25::text,
-           CASE WHEN $25::text IS NOT NULL THEN now() + make_interval(secs => $26::float8) END
+           CASE WHEN $25::text IS NOT NULL THEN now() + make_interval(secs => $26::float8) END,
+           CASE WHEN (SELECT at FROM due) IS NOT NULL THEN $24::text END
       FROM run WHERE $15::text IS NOT NULL
     RETURNING outbox_id, due_at
 ), consumed AS (
@@ -249,13 +267,24 @@ SELECT won.i, cp.created_at AS committed_at, ob.outbox_id, 0::bigint AS signals_
   LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
 
 -- name: record_failure
--- A phase raised: count the attempt; at the limit the run is failed with the error kept.
-UPDATE workflow_runs
-   SET attempts = attempts + 1, error = $3, updated_at = now(),
-       status = CASE WHEN attempts + 1 >= $4 THEN 'failed' ELSE status END,
-       finished_at = CASE WHEN attempts + 1 >= $4 THEN now() ELSE finished_at END
- WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
-RETURNING attempts, status;
+-- A phase raised: count the attempt; at the limit the run is failed with the error kept. The
+-- attempt itself is kept too (0015, phase_attempts: the console's timeline) by this same
+-- statement, so only a failure pays for it. $5: the phase, $6: the worker.
+WITH run AS (
+    UPDATE workflow_runs
+       SET attempts = attempts + 1, error = $3, updated_at = now(),
+           status = CASE WHEN attempts + 1 >= $4 THEN 'failed' ELSE status END,
+           finished_at = CASE WHEN attempts + 1 >= $4 THEN now() ELSE finished_at END
+     WHERE workflow_id = $1 AND next_seq = $2 AND status = 'running'
+    RETURNING attempts, status
+), kept AS (
+    INSERT INTO phase_attempts (workflow_id, branch, seq, phase, attempt, outcome, error,
+                                worker_id)
+    SELECT $1, 'main', $2, $5::text, attempts,
+           CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END, $3, $6::text
+      FROM run
+)
+SELECT attempts, status FROM run;
 
 -- name: halt_run
 -- Stop a run where it stands (needs_restart, checkpoint_corrupt): never a crash, never silent.

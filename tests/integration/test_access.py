@@ -22,11 +22,12 @@ from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.residency import RegionalStore
 from phasegate.sql import migration_files
-from phasegate.store import create_pool
+from phasegate.store import Store, create_pool
 from phasegate.workflow import Registry
 from tests.helpers import (
     all_done,
     bearer,
+    fetchval,
     make_settings,
     queue_for,
     running_worker,
@@ -115,6 +116,23 @@ async def test_the_engine_runs_as_the_worker_role_which_has_no_ddl_and_no_access
             assert await denied(connection, "DELETE FROM workflow_runs")
             assert await denied(connection, "SELECT * FROM access_log")
             assert await denied(connection, "UPDATE checkpoints SET phase = 'x'")
+            # Its presence row (0015) was written with these grants; it marks, never deletes.
+            assert await connection.fetchval("SELECT count(*) FROM worker_presence") == 1
+            assert await denied(connection, "DELETE FROM worker_presence")
+            # A failed attempt is counted and kept in one statement with the same grants.
+            await connection.execute(
+                "INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, "
+                "current_phase, schema_version) VALUES ('r-fail', 'guarded', 'running', 0, "
+                "'check', 1)")
+            store = Store(await create_pool(worker_dsn, min_size=1, max_size=1))
+            try:
+                assert await store.record_failure("r-fail", 0, "RuntimeError", 5,
+                                                  phase="check", worker_id="w") == (1, "running")
+            finally:
+                await store.pool.close()
+            assert await denied(connection, "SELECT * FROM phase_attempts")  # insert only
+            assert await fetchval(database_url, "SELECT outcome FROM phase_attempts WHERE "
+                                  "workflow_id = 'r-fail' AND attempt = 1") == "retry"
         finally:
             await connection.close()
 

@@ -1,5 +1,6 @@
 """The console over HTTP (no browser): login cookie, CSRF, roles per page and per action, the
-quarantine redrive, bad input, and pages on an empty and on a 100,000-run database.
+quarantine redrive, the signal form, the fleet page's workers and message ages, the timeline's
+failed attempts and waits, bad input, and pages on an empty and on a 100,000-run database.
 
 The app runs in-process through httpx's ASGI transport; PostgreSQL and the SQS server behind
 it are real. tests/integration/test_console_browser.py drives the same pages in Chromium.
@@ -7,6 +8,7 @@ it are real. tests/integration/test_console_browser.py drives the same pages in 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,14 +23,26 @@ from phasegate.orchestrator.auth import TokenFile
 from phasegate.orchestrator.console_session import COOKIE
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
+from phasegate.orchestrator.relay import Relay
+from phasegate.presence import PresenceReport, report
 from phasegate.queue import SqsQueue
 from phasegate.settings import Settings
-from phasegate.store import create_pool
+from phasegate.store import Store, create_pool
 from phasegate.workflow import Registry
 from tests import workflows
-from tests.helpers import fetch, fetchval, make_settings, queue_for, write_tokens
+from tests.helpers import (
+    all_done,
+    fetch,
+    fetchval,
+    make_settings,
+    queue_for,
+    running_worker,
+    wait_for,
+    write_tokens,
+)
+from tests.workflows_waits import signalled, timed
 
-REGISTRY = Registry([workflows.chain, workflows.gated])
+REGISTRY = Registry([workflows.chain, workflows.gated, workflows.flaky, signalled, timed])
 ROLES = {"val": "viewer", "otto": "operator", "ada": "admin"}
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
 
@@ -266,3 +280,132 @@ async def test_pages_on_100k_runs(console: Console) -> None:
         assert second.status_code == 200 and 'data-run="wf_201"' in second.text
         for path in ("/?status=failed", "/ui/stalls?older_than=0", "/ui/fleet"):
             assert (await client.get(path)).status_code == 200, path
+
+
+async def add_waiting_run(dsn: str, workflow_id: str, signal: str | None = "approval") -> None:
+    """A run parked at seq 1 by a wait, as commit_phase leaves it: its row due in an hour."""
+    await fetch(dsn, "INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, "
+                "current_phase, schema_version, due_at, waiting_for) VALUES ($1, 'signalled', "
+                "'waiting', 1, 'act', 1, now() + interval '1 hour', $2)", workflow_id, signal)
+    await fetch(dsn, "INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, "
+                "due_at, wait_signal) VALUES ($1, 'main', 1, $1 || '-1', $1, $3, "
+                "now() + interval '1 hour', $2)", workflow_id, signal,
+                '{"v":1,"kind":"phase","workflow_id":"' + workflow_id + '","workflow":'
+                '"signalled","seq":1,"phase":"act","branch":"main"}')
+
+
+async def test_the_signal_form_is_for_operators_and_checks_its_json(console: Console) -> None:
+    await add_waiting_run(console.dsn, "r-wait")
+    async with console.session("val") as viewer:
+        page = await viewer.get("/ui/runs/r-wait")
+        assert page.status_code == 200 and "signal <code>approval</code>" in page.text
+        assert "signal-form" not in page.text
+        refused = await viewer.post("/ui/runs/r-wait/signal",
+                                    data={"csrf": csrf_of(page.text), "name": "approval"})
+        assert refused.status_code == 403 and "operator" in refused.text
+    async with console.session("otto") as operator:
+        page = await operator.get("/ui/runs/r-wait")
+        assert 'id="signal-form"' in page.text and 'name="name" value="approval"' in page.text
+        token = csrf_of(page.text)
+        assert (await operator.post("/ui/runs/r-wait/signal", data={
+            "name": "approval", "payload": "{}"})).status_code == 403  # no CSRF token
+        bad = await operator.post("/ui/runs/r-wait/signal", data={
+            "csrf": token, "name": "approval", "payload": '{"ok": tru}', "key": "k1"})
+        # Refused with the reason, and what was typed is still there to fix.
+        assert bad.status_code == 422 and "the payload is not valid JSON" in bad.text
+        assert "{&#34;ok&#34;: tru}" in bad.text
+        bad_name = await operator.post("/ui/runs/r-wait/signal", data={
+            "csrf": token, "name": "no spaces", "payload": ""})
+        assert bad_name.status_code == 422 and "signal name" in bad_name.text
+        assert await fetchval(console.dsn, "SELECT count(*) FROM signals") == 0
+        payload = '{"ok": true, "big": "' + "x" * 5000 + '"}'  # longer than a form field
+        sent = await operator.post("/ui/runs/r-wait/signal", data={
+            "csrf": token, "name": "approval", "payload": payload, "key": "k2"})
+        assert sent.status_code == 303 and sent.headers["location"].endswith("done=signal")
+        again = await operator.post("/ui/runs/r-wait/signal", data={
+            "csrf": token, "name": "approval", "payload": payload, "key": "k2"})
+        assert again.headers["location"].endswith("done=signal-duplicate")
+    row = (await fetch(console.dsn, "SELECT name, payload::text, consumed_seq, actor "
+                       "FROM signals"))
+    assert len(row) == 1 and row[0]["consumed_seq"] == 1 and row[0]["actor"] == "otto"
+    assert '"ok": true' in row[0]["payload"] and len(row[0]["payload"]) > 5000
+    # The run's row is due now and on its way, as the API's signal leaves it.
+    assert await fetchval(console.dsn, "SELECT sent_at IS NOT NULL AND due_at <= now() "
+                          "FROM outbox WHERE workflow_id = 'r-wait'") is True
+
+
+async def test_the_fleet_page_lists_live_workers_and_message_ages(console: Console) -> None:
+    pool = console.app.state.services.control.pool  # type: ignore[attr-defined]
+    await report(pool, PresenceReport(worker_id="w-00aa", uptime_s=600, interval_s=15,
+                                      in_flight=3, concurrency=4, watchdog="pressure",
+                                      flushes=2, last_flush_ago_s=40))
+    await report(pool, PresenceReport(worker_id="w-00bb", uptime_s=5, interval_s=15,
+                                      in_flight=0, concurrency=4, watchdog="off", flushes=0,
+                                      last_flush_ago_s=None))
+    await fetch(console.dsn, "UPDATE worker_presence SET last_seen = now() - interval "
+                "'1 minute' WHERE worker_id = 'w-00bb'")  # missed two reports: not listed
+    for wid, status in (("r-pend", "pending"), ("r-run", "running"), ("r-unsent", "running")):
+        await add_run(console.dsn, wid, status, seq=0)
+    await fetch(console.dsn, "INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, "
+                "body, sent_at) VALUES ('r-pend', 'main', 0, 'd1', 'r-pend', '{}', now() - "
+                "interval '120 seconds'), ('r-run', 'main', 0, 'd2', 'r-run', '{}', now() - "
+                "interval '300 seconds'), ('r-unsent', 'main', 0, 'd3', 'r-unsent', '{}', NULL)")
+    await add_waiting_run(console.dsn, "r-due", signal=None)
+    await fetch(console.dsn, "UPDATE workflow_runs SET due_at = now() - interval '60 seconds' "
+                "WHERE workflow_id = 'r-due'")
+    ages = await console.app.state.services.control.views.message_ages()  # type: ignore[attr-defined]
+    assert ages.not_started == 2 and 120 <= (ages.not_started_s or 0) < 180
+    assert ages.uncommitted == 1 and 300 <= (ages.uncommitted_s or 0) < 360
+    async with console.session("val") as viewer:
+        page = await viewer.get("/ui/fleet")
+    assert page.status_code == 200
+    assert page.text.count("<tr data-worker=") == 1 and 'data-worker="w-00aa"' in page.text
+    assert 'watchdog">pressure</span>' in page.text and "3 of 4" in page.text
+    assert re.search(r'id="age-not-started"[^>]*>2m \d+s', page.text), page.text
+    assert "ApproximateAgeOfOldestMessage" in page.text
+
+
+async def test_the_timeline_shows_failed_attempts_timers_and_signal_waits(
+        console: Console) -> None:
+    settings = console.settings
+    control = console.app.state.services.control  # type: ignore[attr-defined]
+    # The timers are the orchestrator's relay's to send.
+    relay = Relay(store=Store(control.pool), queue=console.queue, after_s=0.5, interval_s=0.1)
+    relaying = asyncio.create_task(relay.run())
+    async with running_worker(settings, REGISTRY), console.session("otto") as operator:
+        for body in ({"workflow": "flaky", "input": {"fail_times": 2}, "id": "t-flaky"},
+                     {"workflow": "timed", "input": {"wait_s": 0.2}, "id": "t-timed"},
+                     {"workflow": "signalled", "input": {"timeout_s": 600}, "id": "t-sig"}):
+            await control.start(body["workflow"], body["input"], workflow_id=body["id"])
+
+        async def waiting() -> bool:
+            return await fetchval(console.dsn, "SELECT status FROM workflow_runs WHERE "
+                                  "workflow_id = 't-sig'") == "waiting"
+
+        await wait_for(waiting, what="the signalled run waits")
+        page = await operator.get("/ui/runs/t-sig")
+        assert 'class="wait current"' in page.text and "times out in" in page.text
+        sent = await operator.post("/ui/runs/t-sig/signal", data={
+            "csrf": csrf_of(page.text), "name": "approval", "payload": '{"go": 1}'})
+        assert sent.status_code == 303
+        await wait_for(lambda: all_done(console.dsn, ["t-flaky", "t-timed", "t-sig"]),
+                       what="all three runs completed")
+        flaky = (await operator.get("/ui/runs/t-flaky")).text
+        timed_page = (await operator.get("/ui/runs/t-timed")).text
+        signal_page = (await operator.get("/ui/runs/t-sig")).text
+    relay.stop()
+    await asyncio.wait_for(relaying, timeout=30)
+    attempts = await fetch(console.dsn, "SELECT attempt, outcome, phase, error FROM "
+                           "phase_attempts WHERE workflow_id = 't-flaky' ORDER BY attempt_id")
+    assert [(a["attempt"], a["outcome"], a["phase"]) for a in attempts] == [
+        (1, "retry", "try"), (2, "retry", "try")]
+    assert all(a["error"].startswith("RuntimeError") for a in attempts)
+    assert flaky.count('<tr class="attempt"') == 2 and "attempt 2 failed: RuntimeError" in flaky
+    assert timed_page.count('<tr class="wait"') == 2 and "due after" in timed_page
+    assert signal_page.count('<tr class="wait"') == 1 and "signal approval" in signal_page
+    assert "the signal came after" in signal_page and "its phase started" in signal_page
+    # Every finished wait kept when its next phase started; the happy path wrote no attempt.
+    assert await fetchval(console.dsn, "SELECT count(*) FILTER (WHERE resumed_at IS NULL) "
+                          "FROM outbox WHERE due_at IS NOT NULL") == 0
+    assert await fetchval(console.dsn, "SELECT count(*) FROM phase_attempts WHERE "
+                          "workflow_id <> 't-flaky'") == 0

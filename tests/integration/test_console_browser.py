@@ -3,9 +3,10 @@ orchestrator (uvicorn on a port), a real worker, PostgreSQL and the SQS server o
 
 One walk through the console, in the order a person would take it: log in, watch a run
 appear and complete without reloading, open its timeline, cancel a running run, approve a run
-awaiting review, find a quarantined message; then a viewer, who sees no buttons, and a forged
-POST without the CSRF token, which is refused. Screenshots go to $PHASEGATE_ARTIFACTS/console
-(else the test's tmp dir); docs/assets/console-*.png are two of them.
+awaiting review, resume a run waiting for a signal with the signal form, find a quarantined
+message; then a viewer, who sees no buttons, and a forged POST without the CSRF token, which is
+refused, and the fleet page with the live worker and its watchdog state. Screenshots go to
+$PHASEGATE_ARTIFACTS/console (else the test's tmp dir); docs/assets/console-*.png are some.
 
 The browser is /usr/bin/chromium (scripts/bootstrap.sh installs Debian's package); nothing
 downloads a browser. Without it the test is skipped, saying so.
@@ -38,6 +39,7 @@ from tests.helpers import (
     write_tokens,
 )
 from tests.workflows_console import review
+from tests.workflows_waits import signalled
 
 CHROMIUM = os.environ.get("PHASEGATE_CHROMIUM", "/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -47,7 +49,7 @@ pytestmark = pytest.mark.skipif(
 STEP_MS = 30_000
 
 
-REGISTRY = Registry([workflows.chain, workflows.gated, review])
+REGISTRY = Registry([workflows.chain, workflows.gated, review, signalled])
 
 
 def artifacts(tmp_path: Path) -> Path:
@@ -144,6 +146,24 @@ async def test_console_in_chromium(database_url: str, queue_pair: tuple[str, str
         await page.wait_for_selector('tr[data-run="run-review"]')
         await page.screenshot(path=str(shots / "console-runs.png"), full_page=True)
 
+        # A run waiting for a signal: the form sends it, the run resumes and completes.
+        await api.start("signalled", {"timeout_s": 600}, workflow_id="run-signal")
+        await wait_for(lambda: _is(database_url, "run-signal", "waiting", phase="act"),
+                       what="the run waits for its signal")
+        await page.goto(f"{url}/ui/runs/run-signal")
+        await page.wait_for_selector("#run-wait:has-text('approval')")
+        assert await page.input_value("input[aria-label='signal name']") == "approval"
+        await page.fill("textarea[aria-label='signal payload']", '{"approved": "yes"}')
+        await page.screenshot(path=str(shots / "console-run-signal.png"), full_page=True)
+        await page.click("button.act.signal")
+        await page.wait_for_selector(".flash.ok:has-text('Signal sent')")
+        assert (await api.wait("run-signal", timeout=60)).status == "completed"
+        await page.reload()
+        await page.wait_for_selector("tr.wait:has-text('signal approval')")
+        state = await fetchval(database_url, "SELECT state->>'signal' FROM checkpoints WHERE "
+                               "workflow_id = 'run-signal' AND seq = 1 AND kind = 'phase'")
+        assert state == '{"approved": "yes"}'
+
         # A poison message: quarantined by the worker, listed with its reason.
         await send_raw(settings, "this is not an envelope", group="poison")
         await wait_for(lambda: _quarantined(database_url), what="the poison quarantined")
@@ -167,12 +187,19 @@ async def test_console_in_chromium(database_url: str, queue_pair: tuple[str, str
         await viewer.wait_for_selector("text=may look, not act")
         await viewer.goto(f"{url}/ui/stalls")
         assert await viewer.locator("button.act").count() == 0
+        await viewer.goto(f"{url}/ui/runs/run-signal")
+        assert await viewer.locator("#signal-form").count() == 0
+        # The fleet page: the one worker of this test, live, with its watchdog's state.
         await viewer.goto(f"{url}/ui/fleet")
         await viewer.wait_for_selector("#queue-visible")
+        shown = await viewer.locator("table.workers tr[data-worker] .watchdog").all_inner_texts()
+        reported = await fetchval(database_url, "SELECT watchdog FROM worker_presence "
+                                  "WHERE stopped_at IS NULL")
+        assert shown == [reported] and reported in ("ok", "off"), (shown, reported)
         await viewer.screenshot(path=str(shots / "console-fleet.png"), full_page=True)
 
     for name in ("console-runs.png", "console-run-review.png", "console-quarantine.png",
-                 "console-fleet.png"):
+                 "console-fleet.png", "console-run-signal.png"):
         assert (shots / name).stat().st_size > 10_000, name
 
 

@@ -154,6 +154,29 @@ async def test_headroom_flush_lowers_concurrency_until_usage_falls(settings, fak
         assert REGISTRY.get_sample_value("phasegate_memory_pressure_active") == 0
 
 
+async def test_watchdog_state_changes_reach_the_fleet_page_at_once(settings, fake_cgroup):
+    """The presence row follows the watchdog without waiting for its interval (an hour here,
+    so only the state changes can have written it): pressure, then ok after the release."""
+    hourly = settings.model_copy(update={"presence_interval_s": 3600.0,
+                                         "presence_retention_s": 7200.0})
+    worker = Worker(settings=hourly, registry=REGISTRY_, watchdog_settings=FAST_WATCHDOG)
+
+    async def presence_is(state: str, flushes: int) -> bool:
+        rows = await fetch(settings.database_url, "SELECT watchdog, flushes, last_flush_at, "
+                           "concurrency FROM worker_presence")
+        return bool(rows) and (rows[0]["watchdog"], rows[0]["flushes"]) == (state, flushes)
+
+    async with running_worker_of(worker):
+        await wait_for(lambda: presence_is("ok", 0), what="the first report, at start")
+        fake_cgroup.set_usage(95 << 20)
+        await wait_for(lambda: presence_is("pressure", 1), what="pressure reported at once")
+        row = (await fetch(settings.database_url, "SELECT last_flush_at, concurrency "
+                           "FROM worker_presence"))[0]
+        assert row["last_flush_at"] is not None and row["concurrency"] == 1
+        fake_cgroup.set_usage(50 << 20)
+        await wait_for(lambda: presence_is("ok", 1), what="the release reported at once")
+
+
 async def test_without_cgroup_v2_the_watchdog_says_so_once_and_stands_down(
         settings, monkeypatch):
     legacy = CgroupPaths("legacy", None, None, None, None, None)

@@ -1,5 +1,6 @@
-"""The console's pure parts: the branch graph's SVG, the timeline, the buttons per role and
-status, the session's CSRF and cookie rules, and the client's typed runs."""
+"""The console's pure parts: the branch graph's SVG, the timeline (with failed attempts and
+waits), the buttons per role and status, the session's CSRF and cookie rules, the signal
+form's payload, and the client's typed runs."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from phasegate.client import Run as ClientRun
 from phasegate.orchestrator.auth import Caller
-from phasegate.orchestrator.console import _local
-from phasegate.orchestrator.console_pages import allowed_actions, badge, duration, timeline
+from phasegate.orchestrator.console import _local, signal_payload
+from phasegate.orchestrator.console_pages import allowed_actions, badge, duration, watchdog_badge
 from phasegate.orchestrator.console_session import csrf_for, csrf_ok
 from phasegate.orchestrator.console_svg import MAX_NODES, dag_svg
-from phasegate.orchestrator.views import Checkpoint, Run
+from phasegate.orchestrator.console_timeline import Attempt, Wait, timeline
+from phasegate.orchestrator.views import Checkpoint, Invalid, Run
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 SVG = "{http://www.w3.org/2000/svg}"
@@ -111,3 +115,80 @@ def test_client_runs_keep_fields_a_newer_server_adds() -> None:
     assert parsed.created_at == T0 and parsed.extra["a_newer_field"] == {"x": 1}
     assert "due_at" not in parsed.extra  # a known field now
     assert ClientRun.from_json({**body, "status": "completed"}).terminal
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_the_timeline_breaks_out_failed_attempts_and_a_signal_wait() -> None:
+    cps = [checkpoint(0, "ask", at_s=10), checkpoint(1, "act", at_s=60)]
+    waits = [Wait(seq=1, deferred_at=at(10), due_at=at(40), resumed_at=at(41),
+                  sent_at=at(40.5), wait_signal="approval", signal_name="approval")]
+    attempts = [Attempt(branch="main", seq=1, phase="act", attempt=1, outcome="retry",
+                        error="RuntimeError#ab12", worker_id="w1", failed_at=at(50))]
+    rows = timeline(run(status="completed", phase=None, seq=2, finished_at=at(60)), cps, {},
+                    now=at(100), attempts=attempts, waits=waits).rows
+    assert [(r.kind, r.seq, r.phase) for r in rows] == [
+        ("phase", 0, "ask"), ("wait", 1, "signal approval"), ("attempt", 1, "act"),
+        ("phase", 1, "act")]
+    wait, attempt, act = rows[1], rows[2], rows[3]
+    assert wait.duration_s == 31.0 and wait.at == at(41) and not wait.current
+    assert "signal came after 30s" in wait.note and "started 1.0s later" in wait.note
+    assert "attempt 1 failed: RuntimeError#ab12; retried" in attempt.note
+    assert attempt.at == at(50) and attempt.worker_id == "w1"
+    # The phase after the wait is measured from its start, so the durations add up.
+    assert act.duration_s == 19.0 and rows[0].duration_s == 10.0
+
+
+def test_a_wait_in_progress_a_timer_and_a_timed_out_signal() -> None:
+    cps = [checkpoint(0, "a", at_s=10), checkpoint(1, "b", at_s=30)]
+    waits = [Wait(seq=1, deferred_at=at(10), due_at=at(20), resumed_at=None, sent_at=at(20.5),
+                  wait_signal=None, signal_name=None),
+             Wait(seq=2, deferred_at=at(30), due_at=at(630), resumed_at=None, sent_at=None,
+                  wait_signal="approval", signal_name=None)]
+    rows = timeline(run(status="waiting", phase="c", seq=2, waiting_for="approval",
+                        due_at=at(630)), cps, {}, now=at(100), waits=waits).rows
+    kinds = [(r.kind, r.phase, r.current) for r in rows]
+    assert kinds == [("phase", "a", False), ("wait", "timer", False), ("phase", "b", False),
+                     ("wait", "signal approval", True), ("phase", "c", True)]
+    timer, waiting, current = rows[1], rows[3], rows[4]
+    # Before 0015 (or when the relay held the row) the start is not recorded: the send is
+    # the best bound the database has, and the page says so.
+    assert timer.duration_s == 10.5 and "not recorded" in timer.note
+    assert rows[2].duration_s == 9.5
+    assert waiting.duration_s == 70.0 and "times out in 8m 50s" in waiting.note
+    assert current.duration_s is None and current.note.startswith("waiting")
+    over = Wait(seq=2, deferred_at=at(30), due_at=at(90), resumed_at=at(91), sent_at=at(90),
+                wait_signal="approval", signal_name=None)
+    done = timeline(run(status="running", phase="c", seq=2), cps, {}, now=at(100),
+                    waits=[over]).rows
+    assert "timed out after 1m 0s" in done[-2].note and done[-2].phase == "signal approval"
+    assert done[-1].duration_s == 9.0  # the current phase runs since the wait ended
+
+
+def test_a_failed_attempt_that_ended_the_run_says_so() -> None:
+    last = Attempt(branch="main", seq=0, phase="boom", attempt=5, outcome="failed",
+                   error="RuntimeError#1", worker_id=None, failed_at=at(5))
+    branch = Attempt(branch="f0.b1", seq=1, phase="work", attempt=2, outcome="failed",
+                     error=None, worker_id=None, failed_at=at(6))
+    rows = timeline(run(status="failed", finished_at=at(6)), [], {}, now=at(9),
+                    attempts=[last, branch]).rows
+    assert [r.note.rsplit("; ", 1)[-1] for r in rows] == ["it failed the run",
+                                                          "it failed the branch"]
+
+
+def test_the_signal_form_payload_is_json_or_nothing() -> None:
+    assert signal_payload("") is None and signal_payload("  \n") is None
+    assert signal_payload('{"ok": true, "n": [1, 2]}') == {"ok": True, "n": [1, 2]}
+    assert signal_payload("12345678901234567890") == 12345678901234567890
+    for text, needle in [("{ok: true}", "not valid JSON: Expecting property name"),
+                         ('{"a": 1', "not valid JSON"), ("NaN", "NaN is not JSON"),
+                         ("[" * 100_000, "nests too deeply")]:
+        with pytest.raises(Invalid, match=needle):
+            signal_payload(text)
+
+
+def test_watchdog_states_have_badges() -> None:
+    assert [watchdog_badge(s) for s in ("ok", "pressure", "flushing", "off", "new")] == [
+        "ok", "attn", "bad", "idle", "other"]
