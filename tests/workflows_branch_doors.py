@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phasegate import Context, Workflow
+from phasegate import Context, Retry, Workflow
 from phasegate.db import connect
 from tests.workflows import ledger_dsn, record, wait_gate
 
@@ -79,7 +79,7 @@ async def fetch_doc_version(resource_id: str) -> str:
 async def scout_plan(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     ctx.fork(state["branches"], merge="decide", mode=state.get("mode", "all"),
              require=state.get("require"))
-    return {"planned": True}
+    return {"planned": True, "retry_stale": state.get("retry_stale", False)}
 
 
 @scout.phase("read", expect_tier="found", below_tier="retry", max_tier_retries=2)
@@ -100,7 +100,14 @@ async def use(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 
 @scout.merge("decide")
 async def decide(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    """With ``retry_stale``, a first round sends every stale branch round again, told not to
+    change its document this time."""
     await record(ctx, ctx.branch)
+    stale = {r.branch: Retry(input={**r.input, "change_after_read": False})
+             for r in ctx.merged if r.status == "stale"}
+    if state.get("retry_stale") and stale and not state.get("rounds"):
+        ctx.review_branches(stale)
+        return {**state, "rounds": 1}
     return {**state, "seen": {
         r.branch: {"status": r.status, "error_type": r.error_type,
                    "read_attempt": r.state["read_attempt"] if r.ok else None}

@@ -126,3 +126,27 @@ async def test_require_all_fails_the_run_when_a_branch_goes_stale(settings):
                           "WHERE workflow_id = $1", wid) == (
         "branch f0.a failed (the fork requires all): stale_resources: doc:d-ra (recorded v1, "
         "now v2)")
+
+
+async def test_the_merge_phase_retries_a_stale_branch_and_the_new_attempt_merges(settings):
+    """The review sends the stale branch round again (a new attempt, from its first phase):
+    it observes the document afresh (now v2) and merges; the run completes."""
+    wid = await start(settings, {"retry_stale": True, "branches": {
+        "a": {"doc": "d-ret", "change_after_read": True}, "b": {"doc": "d-ok"}}})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url or "", [wid]),
+                       what="run completed")
+    rows = await fetch(settings.database_url or "", "SELECT state::text FROM checkpoints "
+                       "WHERE workflow_id = $1 AND branch = 'main' AND phase = 'decide' "
+                       "AND kind = 'phase' ORDER BY seq", wid)
+    rounds = [json.loads(r["state"]) for r in rows]
+    assert len(rounds) == 2 and rounds[0]["rounds"] == 1
+    assert rounds[1]["seen"] == {
+        "f0.a": {"status": "merged", "error_type": None, "read_attempt": 1},
+        "f0.b": {"status": "merged", "error_type": None, "read_attempt": 1}}
+    assert await ran(settings, "read", "f0.a") == 2 and await ran(settings, "use", "f0.a") == 1
+    resources = await fetchval(settings.database_url or "", "SELECT resource_versions::text "
+                               "FROM checkpoints WHERE workflow_id = $1 AND branch = 'f0.a' "
+                               "AND phase = 'use' AND kind = 'phase'", wid)
+    assert json.loads(resources) == [{"type": "doc", "id": "d-ret", "version": "v2"}]
+    assert (await branches(settings, wid))["f0.a"] == ("merged", None)

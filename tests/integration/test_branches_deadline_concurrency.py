@@ -11,6 +11,7 @@ that comes early, twice, or names no fork changes nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from phasegate.branches import (
     BranchPosition,
     Committed,
     ForkPlan,
+    ForkScope,
     commit_branch,
     commit_fork,
     load_branch,
@@ -32,6 +34,7 @@ from phasegate.store import Store
 from tests.helpers import fetch, fetchval, store_for, wait_for
 from tests.integration.test_branches_concurrency import phase_commit, waiting_on_locks
 from tests.workflows_branch_doors import timed_race
+from tests.workflows_tree import nest
 
 ROUNDS = 5
 
@@ -178,3 +181,49 @@ async def test_early_repeated_or_unknown_deadline_messages_change_nothing(databa
         assert (await expire(store, deadline("wf_dl_twice"))).label == "failed"
         assert (await expire(store, deadline("wf_dl_twice"))).label == "deadline_moot"
     assert (await state_of(database_url, "wf_dl_twice"))["run"] == "failed"
+
+
+async def test_a_nested_race_deadline_fails_its_parent_branch_and_the_fork_above_fans_in(
+        database_url):
+    """The race forked inside branch f0.b0 (its only sibling fork above is a tolerant `all`)
+    runs out of time: its children are discarded, f0.b0 fails with the deadline error, and
+    the fork above counts that failure -- it fans in, writing main's merge message."""
+    wid = "wf_dl_nested"
+    parent = "f0.b0"
+    async with store_for(database_url) as store:
+        await store.start_run(workflow_id=wid, workflow="nest", schema_version=1, input={},
+                              first_phase="outer", message=start_message(wid, "nest", None))
+        assert await store.load_for_phase(wid) is not None
+        outer = plan_fork(nest, "outer", 0, "main", [{"o": 0}], "join_outer", "all", None)
+        assert (await commit_fork(store, phase_commit(wid, "main", 0, "outer", {}, None),
+                                  outer, phase_message(wid, "nest", 0, "outer"))).committed
+        position = await load_branch(store, wid, parent)
+        assert position is not None
+        inner = plan_fork(nest, "inner", 1, parent, [{"i": 0}, {"i": 1}], "join_inner",
+                          "race", None, scope=ForkScope(position.merge_phase, position.depth),
+                          deadline_s=0.2)
+        assert (await commit_fork(store, phase_commit(wid, parent, 1, "inner", {}, None),
+                                  inner, phase_message(wid, "nest", 1, "inner", parent))
+                ).committed
+        await wait_for(lambda: due_nested(database_url, wid, parent), what="deadline passed")
+        message = phase_message(wid, "nest", 1, "join_inner", parent).model_copy(
+            update={"kind": "deadline"})
+        ended = await expire(store, message)
+    assert ended.label == "race_deadline" and ended.discarded == 2
+    assert [json.loads(r.body)["kind"] for r in ended.outbox] == ["merge"]
+    forks = await fetch(database_url, "SELECT parent_branch, status, resolution FROM forks "
+                        "WHERE workflow_id = $1 ORDER BY parent_branch", wid)
+    assert [tuple(r) for r in forks] == [(parent, "failed", "deadline"),
+                                         ("main", "merged", "fan_in")]
+    rows = await fetch(database_url, "SELECT branch, status, error FROM branches "
+                       "WHERE workflow_id = $1 ORDER BY branch", wid)
+    assert [(r["branch"], r["status"]) for r in rows] == [
+        (parent, "failed"), (f"{parent}.f1.b0", "discarded"), (f"{parent}.f1.b1", "discarded")]
+    assert rows[0]["error"] == ("RaceDeadlineExceeded: no branch of the race at f0.b0 seq 1 "
+                                "won within its deadline of 0.2 s")
+    assert await fetchval(database_url, "SELECT status FROM workflow_runs") == "running"
+
+
+async def due_nested(database_url: str, workflow_id: str, parent: str) -> bool:
+    return bool(await fetchval(database_url, "SELECT deadline_at <= now() FROM forks WHERE "
+                               "workflow_id = $1 AND parent_branch = $2", workflow_id, parent))
