@@ -377,6 +377,7 @@ SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) A
 SELECT f.parent_branch, f.fork_seq, f.mode, f.merge_phase, f.status AS fork_status,
        f.resolution, f.winner, f.branch_count, f.pending, f.require_all, f.retries AS
        fork_retries, f.max_retries, coalesce(f.merge_seq, f.fork_seq + 1) AS merge_seq,
+       f.deadline_at,
        b.branch, b.ordinal, b.depth, b.status, b.next_seq, b.final_seq, b.current_phase,
        b.tier, b.tier_label, b.error, b.retries,
        coalesce((SELECT array_agg(c.seq || ':' || c.phase || ':' || c.kind

@@ -227,3 +227,22 @@ async def test_the_deadline_fires_with_no_worker_running(settings):
         await open_gates(settings, "zero", 2)
     finally:
         assert stop_process(second) == 0
+
+
+async def test_the_branches_json_names_the_deadline(settings):
+    """`--tree --json` (the API's shape) carries the fork's deadline (database time)."""
+    wid = await start(settings, {"n": 1, "gate": "json", "deadline_s": 3600})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(searching(settings, 1), what="the branch in search")
+        env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": MODULES,
+               "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
+        result = await asyncio.to_thread(CliRunner().invoke, main,
+                                         ["inspect", wid, "--tree", "--json"], env=env,
+                                         catch_exceptions=False)
+        await open_gates(settings, "json", 1)
+        await wait_for(lambda: all_done(settings.database_url or "", [wid]), what="completed")
+    assert result.exit_code == 0, result.output
+    forks = json.loads(result.output)["forks"]
+    stored = await fetchval(settings.database_url or "", "SELECT deadline_at FROM forks "
+                            "WHERE workflow_id = $1", wid)
+    assert [f["deadline_at"] for f in forks] == [stored.isoformat()]
