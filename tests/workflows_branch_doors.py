@@ -112,3 +112,40 @@ async def decide(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
         r.branch: {"status": r.status, "error_type": r.error_type,
                    "read_attempt": r.state["read_attempt"] if r.ok else None}
         for r in ctx.merged}}
+
+
+# -- a race of two-phase branches with a deadline, for the supervisor merge after it ----------
+
+drafts = Workflow("timed-drafts", schema_version=1)
+
+
+@drafts.phase("assign")
+async def assign(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    ctx.fork({f"s{i}": {"i": i, "gate": state["gate"]} for i in range(state["n"])},
+             merge="choose", mode="race", deadline_s=state["deadline_s"])
+    return {"assigned": True}
+
+
+@drafts.phase("draft")
+async def draft(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    await record(ctx, ctx.branch)
+    return {**state, "draft": f"draft {state['i']}"}
+
+
+@drafts.phase("proofread")
+async def proofread(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    await record(ctx, ctx.branch)
+    await wait_gate(f"{state['gate']}-{state['i']}")
+    return {**state, "proofread": True}
+
+
+@drafts.merge("choose")
+async def choose(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    await record(ctx, ctx.branch)
+    return ctx.merged[0].state
+
+
+@drafts.phase("publish")
+async def publish(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    await record(ctx, ctx.branch)
+    return {**state, "published": True}

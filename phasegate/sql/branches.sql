@@ -319,7 +319,7 @@ SELECT f.fork_seq, f.merge_phase, f.after_merge, r.workflow, r.status AS run_sta
 
 -- name: supervisor_merge
 -- Promote branch $2's latest committed state to the main chain at the merge seq ($12; $3 is
--- fork_seq): a main checkpoint recording its source branch, the run moved past the merge
+-- fork_seq; a stale branch too, and after a race's deadline one of its discarded branches): a main checkpoint recording its source branch, the run moved past the merge
 -- phase (completed if it was the last), the fork resolved ('supervisor', winner $2), the
 -- branch merged and its siblings discarded, the action logged and the next main message in
 -- the outbox -- one statement, under the fork lock, conditional on the run as read.
@@ -329,7 +329,11 @@ WITH src AS (
       JOIN checkpoints c ON c.workflow_id = b.workflow_id AND c.branch = b.branch
                         AND c.kind = 'phase'
      WHERE b.workflow_id = $1 AND b.branch = $2 AND b.parent_branch = 'main'
-       AND b.fork_seq = $3 AND b.status IN ('running', 'completed', 'failed')
+       AND b.fork_seq = $3
+       AND (b.status IN ('running', 'completed', 'failed', 'stale')
+            OR b.status = 'discarded' AND EXISTS (
+                SELECT 1 FROM forks f WHERE f.workflow_id = $1 AND f.parent_branch = 'main'
+                   AND f.fork_seq = $3 AND f.resolution = 'deadline'))
      ORDER BY c.seq DESC
      LIMIT 1
 ), run AS (
@@ -359,7 +363,8 @@ WITH src AS (
            final_seq = CASE WHEN b.branch = $2 THEN (SELECT seq FROM src) ELSE b.final_seq END,
            updated_at = now(), finished_at = coalesce(b.finished_at, now())
      WHERE b.workflow_id = $1 AND b.parent_branch = 'main' AND b.fork_seq = $3
-       AND b.status IN ('running', 'completed', 'failed') AND EXISTS (SELECT 1 FROM run)
+       AND (b.status IN ('running', 'completed', 'failed', 'stale') OR b.branch = $2)
+       AND EXISTS (SELECT 1 FROM run)
 ), act AS (
     INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
     SELECT workflow_id, 'merge', $6, $12, epoch, $7, $8 FROM run

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from phasegate.cli import main
+from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
@@ -35,10 +36,10 @@ from tests.helpers import (
     store_for,
     wait_for,
 )
-from tests.workflows_branch_doors import timed_race
+from tests.workflows_branch_doors import drafts, timed_race
 
 MODULES = "tests.workflows_branch_doors"
-REGISTRY = Registry([timed_race])
+REGISTRY = Registry([timed_race, drafts])
 
 
 @pytest.fixture
@@ -60,9 +61,9 @@ async def running_relay(settings: Settings) -> AsyncIterator[Relay]:
             await asyncio.wait_for(task, timeout=30)
 
 
-async def start(settings: Settings, input: dict[str, Any]) -> str:
+async def start(settings: Settings, input: dict[str, Any], workflow: Any = timed_race) -> str:
     async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=timed_race,
+        return (await start_workflow(store, queue, workflow=workflow,
                                      input=input)).workflow_id
 
 
@@ -246,3 +247,34 @@ async def test_the_branches_json_names_the_deadline(settings):
     stored = await fetchval(settings.database_url or "", "SELECT deadline_at FROM forks "
                             "WHERE workflow_id = $1", wid)
     assert [f["deadline_at"] for f in forks] == [stored.isoformat()]
+
+
+async def test_after_the_deadline_an_operator_can_promote_a_discarded_branch(settings):
+    """Both branches committed `draft` and are held in `proofread` when the deadline ends the
+    race. The run failed; a supervisor merge promotes f0.s1's last committed state (its
+    draft) and the run goes on to `publish`."""
+    wid = await start(settings, {"n": 2, "gate": "late", "deadline_s": 2}, drafts)
+    async with running_worker(settings, REGISTRY), running_relay(settings), \
+            store_for(settings.database_url or "") as store, queue_for(settings) as queue:
+        await wait_for(lambda: all_done(settings.database_url or "", [wid], "failed"),
+                       what="the race ended by its deadline")
+        assert await count(settings, "SELECT count(*) FROM test_invocations "
+                           "WHERE phase = 'proofread'") == 2
+        outcome = await Control(store.pool, queue, REGISTRY, actor="test").merge(
+            wid, "f0.s1", "the draft will do")
+        assert outcome.action == "merge" and outcome.run.status == "running"
+        await wait_for(lambda: all_done(settings.database_url or "", [wid]), what="published")
+        await open_gates(settings, "late", 2)
+        await wait_for(discarded_checkpoints(settings, wid, 1), what="s0's proofread discarded")
+    published = json.loads(await fetchval(
+        settings.database_url or "", "SELECT state::text FROM checkpoints WHERE "
+        "workflow_id = $1 AND phase = 'publish' AND kind = 'phase'", wid))
+    assert published == {"i": 1, "gate": "late", "draft": "draft 1", "published": True}
+    fork = (await fetch(settings.database_url or "", "SELECT status, resolution, winner FROM "
+                        "forks WHERE workflow_id = $1", wid))[0]
+    assert tuple(fork) == ("merged", "supervisor", "f0.s1")
+    rows = await fetch(settings.database_url or "", "SELECT branch, status FROM branches "
+                       "WHERE workflow_id = $1 ORDER BY branch", wid)
+    assert [tuple(r) for r in rows] == [("f0.s0", "discarded"), ("f0.s1", "merged")]
+    assert await count(settings, "SELECT count(*) FROM test_invocations WHERE phase = "
+                       "'choose'") == 0
