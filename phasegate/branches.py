@@ -336,8 +336,6 @@ def message(envelope: Envelope, seq: int, phase: str, branch: str,
 
 
 
-
-
 @dataclass(frozen=True)
 class Bounds:
     """How deep branches may nest and how many may be live in one run (settings)."""
