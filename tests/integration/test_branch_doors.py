@@ -6,11 +6,14 @@ the merge phase to decide."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from phasegate.cli import main
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
@@ -22,6 +25,7 @@ from tests.helpers import (
     make_settings,
     queue_for,
     running_worker,
+    settings_env,
     store_for,
     wait_for,
 )
@@ -100,6 +104,26 @@ async def test_stale_retry_and_escalation_stay_in_their_branches(settings):
     assert await ran(settings, "read", "f0.short") == 3
     assert await fetchval(settings.database_url or "", "SELECT status FROM workflow_runs "
                           "WHERE workflow_id = $1", wid) == "completed"
+    lines = await inspect_tree(settings, wid)
+    print("\n".join(lines))  # the report quotes this tree
+    # Fork order is the input's key order as jsonb keeps it (by length, then bytes).
+    assert lines[1:] == [
+        "├── * 0 plan  fork all -> decide: fan_in (4/4 done)",
+        "│   ├── f0.fine     merged     1 read, 2 use",
+        "│   ├── f0.short    failed     1 read, 2 read",
+        "│   ├── f0.stale    stale      1 read",
+        "│   └── f0.retried  merged     1 read, 2 read, 3 use",
+        "└── * 1 decide  <- merge of f0.fine, f0.retried (failed: f0.short; stale: f0.stale)",
+    ]
+
+
+async def inspect_tree(settings: Settings, wid: str) -> list[str]:
+    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_branch_doors",
+           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
+                                     env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return list(result.output.splitlines())
 
 
 async def test_a_race_of_stale_branches_fails_like_a_race_of_failed_ones(settings):
