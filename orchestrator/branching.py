@@ -89,7 +89,10 @@ def tree_rows_to_json(rows: Sequence[Any]) -> list[dict[str, Any]]:
             "resolution": row["resolution"], "winner": row["winner"],
             "branch_count": row["branch_count"], "pending": row["pending"],
             "require_all": row["require_all"], "retries": row["fork_retries"],
-            "max_retries": row["max_retries"], "branches": []})
+            "max_retries": row["max_retries"],
+            "deadline_at": (row["deadline_at"].isoformat()
+                            if row["deadline_at"] is not None else None),
+            "branches": []})
         steps = []
         for step in row["steps"]:
             seq, phase, kind = step.split(":", 2)

@@ -106,6 +106,6 @@ def _merged_plain(fork: dict[str, Any]) -> str:
     if fork["resolution"] == "race":
         return f"race won by {fork['winner']}"
     merged = [b["branch"] for b in fork["branches"] if b["status"] == "merged"]
-    failed = [b["branch"] for b in fork["branches"] if b["status"] == "failed"]
-    return "merge of " + ", ".join(merged) + (f" (failed: {', '.join(failed)})"
-                                               if failed else "")
+    notes = [f"{status}: " + ", ".join(names) for status in ("failed", "stale")
+             if (names := [b["branch"] for b in fork["branches"] if b["status"] == status])]
+    return "merge of " + ", ".join(merged) + (f" ({'; '.join(notes)})" if notes else "")

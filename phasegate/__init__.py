@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from phasegate.branch_review import Retry
-    from phasegate.branches import BranchResult, ForkError
+    from phasegate.branches import BelowTierError, BranchResult, ForkError
     from phasegate.context import Context
+    from phasegate.race_deadline import RaceDeadlineExceeded
     from phasegate.signals import SignalError, SignalResult, send_signal
     from phasegate.staleness import Stale, StalenessError
     from phasegate.steps import StepMismatchError, StepOutputError
@@ -32,11 +33,13 @@ if TYPE_CHECKING:
 
 # name -> the core module that defines it
 _EXPORTS = {
+    "BelowTierError": "phasegate.branches",
     "BranchResult": "phasegate.branches",
     "Context": "phasegate.context",
     "ForkError": "phasegate.branches",
     "Grade": "phasegate.tiers",
     "NonRetryableError": "phasegate.workflow",
+    "RaceDeadlineExceeded": "phasegate.race_deadline",
     "Registry": "phasegate.workflow",
     "Retry": "phasegate.branch_review",
     "SignalError": "phasegate.signals",
@@ -54,11 +57,13 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BelowTierError",
     "BranchResult",
     "Context",
     "ForkError",
     "Grade",
     "NonRetryableError",
+    "RaceDeadlineExceeded",
     "Registry",
     "Retry",
     "SignalError",

@@ -97,6 +97,13 @@ async def fail_fork(connection: Any, envelope: Envelope, parent: str, fork_seq: 
     a tolerant fork up there may fan in: its merge message is returned)."""
     await connection.execute(sql()["fork_failed"], envelope.workflow_id, fork_seq, parent)
     log.warning("fork_failed", parent=parent, fork_seq=fork_seq)
+    return await fail_parent(connection, envelope, parent, reason)
+
+
+async def fail_parent(connection: Any, envelope: Envelope, parent: str,
+                      reason: str) -> list[OutboxRow]:
+    """A fork of ``parent`` failed (its lock held): fail the run, or the parent branch as a
+    failed branch of its own fork one level up (whose lock this takes next)."""
     if parent == MAIN_BRANCH:
         await connection.fetchval(sql()["run_fail"], envelope.workflow_id, reason[:1000])
         return []

@@ -103,8 +103,8 @@ async def merge_input(store: Store, workflow: Workflow, position: RunPosition, p
         if row["branch"] is None:
             continue
         started = json.loads(row["input"]) if row["input"] is not None else None
-        if row["branch_status"] == "failed":
-            results.append(BranchResult(row["branch"], None, None, status="failed",
+        if row["branch_status"] in ("failed", "stale"):
+            results.append(BranchResult(row["branch"], None, None, status=row["branch_status"],
                                         error=row["error"], input=started,
                                         retries=row["retries"]))
             continue

@@ -42,12 +42,13 @@ A phase on the main chain forks::
   level up) at once; otherwise a race goes on (and fails only when every branch failed) and
   an ``all`` fork fans in with the failed branches in ``ctx.merged`` (``status="failed"``).
 - Review: the merge phase may accept, discard or retry branches (phasegate/branch_review.py).
-- Below-tier policies (retry/escalate), reviews and the staleness door apply on the main chain
-  only; in a branch, tiers are graded and recorded (docs/concepts/branches.md says why).
+- A race's deadline: phasegate/race_deadline.py. A branch's doors (staleness, below-tier
+  retry; escalation fails the branch): phasegate/branch_doors.py.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -63,6 +64,7 @@ from phasegate.envelope import (
 )
 from phasegate.sql import queries
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition
+from phasegate.waits import MAX_WAIT_S
 from phasegate.workflow import NonRetryableError
 
 if TYPE_CHECKING:
@@ -87,6 +89,10 @@ class ForkError(NonRetryableError):
     """``ctx.fork`` was called wrongly; the phase fails at once (its code must change)."""
 
 
+class BelowTierError(NonRetryableError):
+    """A branch phase's below-tier result would escalate: the branch fails, its merge decides."""
+
+
 @dataclass(frozen=True)
 class ForkPlan:
     """A validated ``ctx.fork`` call: what the fork commit writes."""
@@ -101,6 +107,7 @@ class ForkPlan:
     depth: int = 1  # the new branches' depth
     require_all: bool = False
     max_retries: int = DEFAULT_FORK_RETRIES
+    deadline_s: float | None = None  # a race's deadline, from the fork's commit (database time)
 
     @property
     def names(self) -> list[str]:
@@ -118,9 +125,9 @@ class ForkScope:
 @dataclass(frozen=True)
 class BranchResult:
     """One branch as a merge phase receives it (``ctx.merged``): its final state when it
-    finished (``status="merged"``), or ``status="failed"`` with ``state=None`` and the error
-    line it failed with. ``input`` is what its current attempt started from; ``retries`` how
-    often a review sent it round again."""
+    finished (``status="merged"``), or ``status="failed"`` (``"stale"``: its staleness
+    check stopped it) with ``state=None`` and the error line. ``input`` is what its current
+    attempt started from; ``retries`` how often a review sent it round again."""
 
     branch: str
     state: Any
@@ -160,12 +167,13 @@ class BranchPosition(RunPosition):
 @dataclass(frozen=True)
 class Committed:
     """How a fork or branch commit ended, and what it left in the outbox to send now.
-    ``refused``: the fork broke a bound -- nothing was written; the phase fails with it."""
+    ``refused``: the fork broke a bound, or a branch phase's below-tier result would escalate
+    -- nothing was written; the phase fails with it."""
 
     committed: bool
     label: str
     outbox: list[OutboxRow]
-    refused: ForkError | None = None
+    refused: NonRetryableError | None = None
 
 
 class Premature:
@@ -182,7 +190,8 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
               inputs: Sequence[Any] | Mapping[str, Any], merge: str, mode: str,
               win_tier: str | int | None, *, scope: ForkScope | None = None,
               require: str | None = None,
-              max_retries: int = DEFAULT_FORK_RETRIES) -> ForkPlan:
+              max_retries: int = DEFAULT_FORK_RETRIES,
+              deadline_s: float | None = None) -> ForkPlan:
     """Check a ``ctx.fork`` call against the workflow and name its branches."""
     if workflow is None:
         raise ForkError("ctx.fork needs the Context a worker builds (it knows the workflow)")
@@ -230,7 +239,19 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
     assert following is not None
     return ForkPlan(tuple(branches), merge, following, workflow.next_phase(merge),
                     cast(Mode, mode), tier, branch, scope.depth + 1, require == "all",
-                    max_retries)
+                    max_retries, _deadline(deadline_s, mode))
+
+
+def _deadline(deadline_s: object, mode: str) -> float | None:
+    if deadline_s is None:
+        return None
+    if mode != "race":
+        raise ForkError("ctx.fork deadline_s only applies to mode='race'")
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) \
+            or not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_WAIT_S:
+        raise ForkError(f"ctx.fork deadline_s must be seconds in (0, {MAX_WAIT_S:.0f}], "
+                        f"not {deadline_s!r}")
+    return float(deadline_s)
 
 
 def _tier_number(workflow: Workflow, win_tier: str | int | None, mode: str) -> int | None:
@@ -307,7 +328,7 @@ async def guard(store: Store, workflow_id: str) -> Guarded:
 
 
 def message(envelope: Envelope, seq: int, phase: str, branch: str,
-            kind: Literal["phase", "merge"] = "phase") -> Envelope:
+            kind: Literal["phase", "merge", "deadline"] = "phase") -> Envelope:
     """A message this one causes: a copy, so whatever else the envelope carries (trace
     context, routing hints) travels on to the branches and the merge."""
     return envelope.model_copy(update={"kind": kind, "seq": seq, "phase": phase,
@@ -348,6 +369,9 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
         return Committed(False, "fork_refused", [], refused)
     messages = [message(envelope, commit.seq + 1, plan.first_phase, name)
                 for name in plan.names]
+    # A race's deadline: seq = the fork's seq, on the parent chain (phasegate/race_deadline.py).
+    deadline = message(envelope, commit.seq, plan.merge_phase, plan.parent, "deadline")
+    timed = plan.deadline_s is not None
     guarded = await guard(store, commit.workflow_id)
     rows = await store.pool.fetch(
         sql()["fork_commit"], commit.workflow_id, commit.seq, commit.phase,
@@ -357,7 +381,8 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
         [value for _, value in plan.branches], plan.first_phase,
         [m.dedup_id for m in messages], [m.group_id for m in messages],
         [m.to_json() for m in messages], plan.parent, plan.require_all, plan.max_retries,
-        plan.depth)
+        plan.depth, plan.deadline_s, deadline.dedup_id if timed else None,
+        deadline.group_id if timed else None, deadline.to_json() if timed else None)
     if not rows:
         return Committed(False, "superseded", [])
     ids = {row["dedup_id"]: row["outbox_id"] for row in rows}
@@ -371,11 +396,16 @@ async def commit_fork(store: Store, commit: PhaseCommit, plan: ForkPlan,
 async def commit_branch(store: Store, commit: PhaseCommit, position: BranchPosition,
                         envelope: Envelope, workflow: Workflow) -> Committed:
     """A branch phase's commit. Not its last: one statement. Its last (or a race won by
-    tier): one transaction under the fork lock that also decides the fan-in."""
-    following = workflow.next_phase(commit.phase)
+    tier): one transaction under the fork lock that also decides the fan-in. A below-tier
+    ``retry`` runs the same phase again in the branch; a result the tier policy would
+    escalate is refused (``BelowTierError``): the branch fails, its fork decides."""
     won = (position.mode == "race" and position.win_tier is not None
            and commit.tier is not None and commit.tier >= position.win_tier)
-    final = following is None or following == position.merge_phase or won
+    if commit.outcome == "review" and not won:
+        return Committed(False, "below_tier", [], BelowTierError(commit.error or "below_tier"))
+    retrying = commit.outcome == "retry" and not won
+    following = commit.phase if retrying else workflow.next_phase(commit.phase)
+    final = won or (not retrying and following in (None, position.merge_phase))
     successor = None if final else (
         commit.successor if commit.successor is not None and commit.successor.phase == following
         else message(envelope, commit.seq + 1, following or "", envelope.branch))
@@ -444,7 +474,8 @@ def _commit_args(commit: PhaseCommit, final: bool) -> list[Any]:
             commit.tier_label, commit.resource_versions_json, commit.worker_id,
             commit.trace_id, successor.dedup_id if successor else None,
             successor.group_id if successor else None,
-            successor.to_json() if successor else None]
+            successor.to_json() if successor else None,
+            None if final else commit.outcome, None if final else commit.rerun_of]
 
 
 async def _refused(store: Store, commit: PhaseCommit, guarded: Guarded) -> Committed:

@@ -109,7 +109,8 @@ class Context:
     def fork(self, inputs: Sequence[Any] | Mapping[str, Any], *, merge: str,
              mode: str = "all", win_tier: str | int | None = None,
              require: str | None = None,
-             max_retries: int = DEFAULT_FORK_RETRIES) -> list[str]:
+             max_retries: int = DEFAULT_FORK_RETRIES,
+             deadline_s: float | None = None) -> list[str]:
         """Fork one branch per input when this phase commits; returns the branch names.
 
         Each branch runs the phases between this one and ``merge`` (declared with
@@ -119,6 +120,9 @@ class Context:
         discarded; failed branches are recorded and the race goes on (the run fails only
         when every branch failed). ``require="all"``: one failed branch fails the run.
         ``max_retries``: how many branch retries the merge phase's review may ask for.
+        ``deadline_s`` (race only): if no branch has won that many seconds after this commit
+        (database time), the race ends, its branches are discarded and the run (or the
+        parent branch) fails with ``RaceDeadlineExceeded``.
         Called in a branch, it forks child branches that merge back into that branch. The
         fork is written with this phase's checkpoint, in one statement."""
         if self.fork_plan is not None:
@@ -127,7 +131,8 @@ class Context:
             raise WaitError("a phase that waits cannot also fork")
         self.fork_plan = plan_fork(self.workflow_def, self.phase, self.seq, self.branch,
                                    inputs, merge, mode, win_tier, scope=self.fork_scope,
-                                   require=require, max_retries=max_retries)
+                                   require=require, max_retries=max_retries,
+                                   deadline_s=deadline_s)
         return self.fork_plan.names
 
     def review_branches(self, decisions: Mapping[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Message envelope v1: the one contract every producer and every worker share.
 
-``{"v": 1, "kind": "start|phase|merge", "workflow_id", "workflow", "seq", "phase", "branch",
-"input" (start only), "traceparent"}``. A start message may omit ``seq`` and ``phase``.
+``{"v": 1, "kind": "start|phase|merge|deadline", "workflow_id", "workflow", "seq", "phase",
+"branch", "input" (start only), "traceparent"}``. A start message may omit ``seq`` and
+``phase``. Workers write the others; ``deadline`` is a race's deadline (seq = the fork's seq,
+branch = the forking chain, phase = the merge phase; phasegate/race_deadline.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     v: Literal[1]
-    kind: Literal["start", "phase", "merge"]
+    kind: Literal["start", "phase", "merge", "deadline"]
     workflow_id: str
     workflow: str = Field(min_length=1, max_length=200)
     # Postgres stores seq as integer: a bigger one would fail inside the transition.
@@ -85,7 +87,8 @@ class Envelope(BaseModel):
 
     @property
     def dedup_id(self) -> str:
-        return dedup_id(self.workflow_id, self.branch, self.seq)
+        return dedup_id(self.workflow_id, self.branch, self.seq,
+                        deadline=self.kind == "deadline")
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(exclude_none=True), separators=(",", ":"))
@@ -97,10 +100,13 @@ def message_group_id(workflow_id: str, branch: str = MAIN_BRANCH) -> str:
     return group
 
 
-def dedup_id(workflow_id: str, branch: str, seq: int, epoch: int = 0) -> str:
+def dedup_id(workflow_id: str, branch: str, seq: int, epoch: int = 0, *,
+             deadline: bool = False) -> str:
     """sha256 of ``workflow_id:branch:seq``; a retried run adds its epoch so SQS's 5-minute
-    deduplication window does not swallow the message that resumes it."""
-    key = f"{workflow_id}:{branch}:{seq}" + (f":{epoch}" if epoch else "")
+    deduplication window does not swallow the message that resumes it, and a race's deadline
+    message adds ``:deadline`` (its seq is the forking message's)."""
+    key = (f"{workflow_id}:{branch}:{seq}" + (f":{epoch}" if epoch else "")
+           + (":deadline" if deadline else ""))
     return hashlib.sha256(key.encode()).hexdigest()
 
 

@@ -24,6 +24,8 @@ import structlog
 
 from phasegate import concurrency, metrics, redact, residency, tracing
 from phasegate.backoff import full_jitter
+from phasegate.branch_doors import enter as enter_branch_door
+from phasegate.branch_doors import halt as halt_branch_at_door
 from phasegate.branch_failures import halt as halt_branch
 from phasegate.branch_failures import record_failure as record_branch_failure
 from phasegate.branch_review import ReviewPlan, apply_discards, commit_review, merge_input
@@ -51,6 +53,7 @@ from phasegate.envelope import (
 )
 from phasegate.faults import Faults
 from phasegate.queue import Outgoing, Queue, QueueError, Received
+from phasegate.race_deadline import expire as expire_race
 from phasegate.staleness import Observations
 from phasegate.steps import PostgresLedger, Steps, StepScope
 from phasegate.storable import UnstorableValue
@@ -175,6 +178,10 @@ class PhaseTransition:
 
     async def check_and_run(self, message: Received, envelope: Envelope,
                             workflow: Workflow) -> Settlement:
+        if envelope.kind == "deadline":  # a race's deadline fell due (race_deadline.py)
+            ended = await expire_race(self.store, envelope)
+            await asyncio.gather(*(self.emit(row) for row in ended.outbox))
+            return Settlement(Action.DELETE, ended.label)
         if envelope.kind == "start" and workflow.concurrency_key is not None:
             taken = await concurrency.start(self.store, envelope, workflow)
             if isinstance(taken, concurrency.Refused):  # nothing was written
@@ -217,10 +224,11 @@ class PhaseTransition:
         if isinstance(state, Settlement):
             return state
         # Inside the room: a re-run, a review decision, a staleness check (phasegate/door.py).
-        door = await enter_door(self.store, workflow, position, envelope.branch,
-                                self.config.stale_after_s)
+        enter = enter_branch_door if isinstance(position, BranchPosition) else enter_door
+        door = await enter(self.store, workflow, position, envelope.branch,
+                           self.config.stale_after_s)
         if isinstance(door, Halt):
-            return await self.halt_at_door(position, door)
+            return await self.halt_at_door(envelope, position, door)
         if door.rerun:
             phase_name, state = door.phase or phase_name, door.state
         # A merge phase also receives its branches' final states (ctx.merged).
@@ -229,7 +237,7 @@ class PhaseTransition:
             log.warning("merge_before_fan_in", phase=phase_name)
             return Settlement(Action.DELETE, "premature")
         if isinstance(merged, Halt):
-            return await self.halt_at_door(position, merged)
+            return await self.halt_at_door(envelope, position, merged)
         return await self.run(envelope, workflow, phase_name, position, state, door, merged)
 
     async def load_state(self, position: RunPosition, workflow: Workflow) -> Any:
@@ -259,8 +267,13 @@ class PhaseTransition:
         log.warning("run_halted", status=status, reason=reason)
         return Settlement(Action.DELETE, status)
 
-    async def halt_at_door(self, position: RunPosition, halt: Halt) -> Settlement:
-        await settle_door(self.store, position, halt)
+    async def halt_at_door(self, envelope: Envelope, position: RunPosition,
+                           halt: Halt) -> Settlement:
+        if isinstance(position, BranchPosition):  # the branch stops (branch_doors.py)
+            for row in await halt_branch_at_door(self.store, envelope, position, halt):
+                await self.emit(row)
+        else:
+            await settle_door(self.store, position, halt)
         log.warning("run_halted", status=halt.status, reason=halt.reason)
         return Settlement(Action.DELETE, halt.status)
 
@@ -459,7 +472,7 @@ class PhaseTransition:
         (phasegate/branches.py and branch_review.py commit; the fan-in is decided inside the
         branch's commit transaction). Then every message it left is sent."""
         with tracing.commit_span(envelope) as span:
-            if isinstance(fork, ForkPlan):  # on the main chain or nested in a branch
+            if isinstance(fork, ForkPlan) and commit.outcome is None:  # main, or nested
                 done = await commit_fork(self.store, commit, fork, envelope,
                                          self.config.branch_bounds)
             elif isinstance(fork, ReviewPlan):

@@ -16,6 +16,8 @@
 -- fan-in), the fork, one row per branch and one outbox start message per branch (each in its
 -- own group) -- ONE statement, conditional on the parent still being at this seq, so a crash
 -- never forks twice or half. $23 require_all, $24 the review budget, $25 the children's depth.
+-- $26 a race's deadline in seconds (NULL: none): the fork's deadline_at and the 'deadline'
+-- message ($27-$29), due then, on the parent chain at the merge seq; the relay sends it.
 WITH run AS (
     UPDATE workflow_runs
        SET next_seq = $2 + 1, current_phase = $7, attempts = 0, error = NULL,
@@ -42,11 +44,17 @@ WITH run AS (
     RETURNING created_at
 ), fk AS (
     INSERT INTO forks (workflow_id, parent_branch, fork_seq, mode, merge_phase, after_merge,
-                       win_tier, branch_count, pending, require_all, max_retries, merge_seq)
+                       win_tier, branch_count, pending, require_all, max_retries, merge_seq,
+                       deadline_at)
     SELECT workflow_id, $22::text, $2, $13, $7, $14, $15, cardinality($16::text[]),
-           cardinality($16::text[]), $23, $24, $2 + 1
+           cardinality($16::text[]), $23, $24, $2 + 1,
+           now() + make_interval(secs => $26::float8)
       FROM pos
-    RETURNING workflow_id
+    RETURNING workflow_id, deadline_at
+), dl AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, due_at)
+    SELECT workflow_id, $22::text, $2 + 1, $27::text, $28::text, $29::text, deadline_at
+      FROM fk WHERE deadline_at IS NOT NULL
 ), br AS (
     INSERT INTO branches (workflow_id, branch, parent_branch, fork_seq, ordinal, next_seq,
                           current_phase, input, depth)
@@ -123,7 +131,8 @@ RETURNING branch;
 -- commit_phase for a branch: checkpoint + branch position + the branch's next message, one
 -- statement, conditional on the branch still being at this seq and running and on the run
 -- still running. $9 final: the branch is done (its next phase is the merge phase, or it
--- reached its race's win tier); its final state is this checkpoint.
+-- reached its race's win tier); its final state is this checkpoint. $18/$19: a below-tier
+-- retry's outcome ('retry') and the seq of the phase's first attempt (phasegate/branch_doors.py).
 WITH br AS (
     UPDATE branches
        SET next_seq = $3 + 1, current_phase = coalesce($8, current_phase), attempts = 0,
@@ -137,8 +146,10 @@ WITH br AS (
     RETURNING workflow_id
 ), cp AS (
     INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
-                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id)
-    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14
+                             state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
+                             outcome, rerun_of)
+    SELECT workflow_id, $2, $3, $4, 'phase', $5, $6::jsonb, $7, $10, $11, $12::jsonb, $13, $14,
+           $18::text, $19::int
       FROM br
     RETURNING created_at
 ), ob AS (
@@ -277,7 +288,7 @@ RETURNING workflow_id;
 
 -- name: merge_input
 -- What a merge phase at seq $2 of chain $5 receives: the newest fork of this life of the
--- chain ($4: its base_seq) that merges into phase $3, and each of its merged or failed
+-- chain ($4: its base_seq) that merges into phase $3, and each of its merged, failed or stale
 -- branches in fork order (a merged one with its final state). fork_status 'open': the fan-in
 -- has not happened (the message is premature).
 WITH f AS (
@@ -298,7 +309,7 @@ SELECT f.fork_seq, f.status AS fork_status, f.resolution, f.retries_left,
   FROM f
   LEFT JOIN branches b
          ON b.workflow_id = $1 AND b.parent_branch = $5 AND b.fork_seq = f.fork_seq
-        AND b.status IN ('merged', 'failed')
+        AND b.status IN ('merged', 'failed', 'stale')
   LEFT JOIN checkpoints c
          ON c.workflow_id = $1 AND c.branch = b.branch AND c.seq = b.final_seq
         AND c.kind = 'phase' AND b.status = 'merged'
@@ -318,7 +329,7 @@ SELECT f.fork_seq, f.merge_phase, f.after_merge, r.workflow, r.status AS run_sta
 
 -- name: supervisor_merge
 -- Promote branch $2's latest committed state to the main chain at the merge seq ($12; $3 is
--- fork_seq): a main checkpoint recording its source branch, the run moved past the merge
+-- fork_seq; a stale branch too, and after a race's deadline one of its discarded branches): a main checkpoint recording its source branch, the run moved past the merge
 -- phase (completed if it was the last), the fork resolved ('supervisor', winner $2), the
 -- branch merged and its siblings discarded, the action logged and the next main message in
 -- the outbox -- one statement, under the fork lock, conditional on the run as read.
@@ -328,7 +339,11 @@ WITH src AS (
       JOIN checkpoints c ON c.workflow_id = b.workflow_id AND c.branch = b.branch
                         AND c.kind = 'phase'
      WHERE b.workflow_id = $1 AND b.branch = $2 AND b.parent_branch = 'main'
-       AND b.fork_seq = $3 AND b.status IN ('running', 'completed', 'failed')
+       AND b.fork_seq = $3
+       AND (b.status IN ('running', 'completed', 'failed', 'stale')
+            OR b.status = 'discarded' AND EXISTS (
+                SELECT 1 FROM forks f WHERE f.workflow_id = $1 AND f.parent_branch = 'main'
+                   AND f.fork_seq = $3 AND f.resolution = 'deadline'))
      ORDER BY c.seq DESC
      LIMIT 1
 ), run AS (
@@ -358,7 +373,8 @@ WITH src AS (
            final_seq = CASE WHEN b.branch = $2 THEN (SELECT seq FROM src) ELSE b.final_seq END,
            updated_at = now(), finished_at = coalesce(b.finished_at, now())
      WHERE b.workflow_id = $1 AND b.parent_branch = 'main' AND b.fork_seq = $3
-       AND b.status IN ('running', 'completed', 'failed') AND EXISTS (SELECT 1 FROM run)
+       AND (b.status IN ('running', 'completed', 'failed', 'stale') OR b.branch = $2)
+       AND EXISTS (SELECT 1 FROM run)
 ), act AS (
     INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
     SELECT workflow_id, 'merge', $6, $12, epoch, $7, $8 FROM run
@@ -376,6 +392,7 @@ SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) A
 SELECT f.parent_branch, f.fork_seq, f.mode, f.merge_phase, f.status AS fork_status,
        f.resolution, f.winner, f.branch_count, f.pending, f.require_all, f.retries AS
        fork_retries, f.max_retries, coalesce(f.merge_seq, f.fork_seq + 1) AS merge_seq,
+       f.deadline_at,
        b.branch, b.ordinal, b.depth, b.status, b.next_seq, b.final_seq, b.current_phase,
        b.tier, b.tier_label, b.error, b.retries,
        coalesce((SELECT array_agg(c.seq || ':' || c.phase || ':' || c.kind
@@ -403,7 +420,7 @@ SELECT branch, status, next_seq FROM branches
 -- each retried branch started again as a new attempt (its base seq: its next seq + 1, so no
 -- step record of the old attempt is replayed), the branches in $15 discarded and one start
 -- message per retried branch -- ONE statement, and nothing at all unless the parent is still
--- at $3 and the fork's retry budget covers the retries.
+-- at $3 and the fork's retry budget covers the retries. A reopened race has no deadline.
 WITH ok AS (
     SELECT 1 FROM forks
      WHERE workflow_id = $1 AND parent_branch = $2 AND fork_seq = $12 AND status = 'merged'
@@ -436,7 +453,8 @@ WITH ok AS (
     UPDATE forks
        SET status = 'open', resolution = NULL, winner = NULL, resolved_at = NULL,
            pending = cardinality($13::text[]),
-           retries = retries + cardinality($13::text[]), merge_seq = $3 + 1
+           retries = retries + cardinality($13::text[]), merge_seq = $3 + 1,
+           deadline_at = NULL
      WHERE workflow_id = $1 AND parent_branch = $2 AND fork_seq = $12
        AND EXISTS (SELECT 1 FROM pos)
     RETURNING workflow_id
@@ -448,12 +466,14 @@ WITH ok AS (
            retries = b.retries + 1, finished_at = NULL, updated_at = now()
       FROM unnest($13::text[], $14::text[]) AS r(name, input)
      WHERE b.workflow_id = $1 AND b.branch = r.name AND b.parent_branch = $2
-       AND b.fork_seq = $12 AND b.status IN ('merged', 'failed') AND EXISTS (SELECT 1 FROM fk)
+       AND b.fork_seq = $12 AND b.status IN ('merged', 'failed', 'stale')
+       AND EXISTS (SELECT 1 FROM fk)
 ), db AS (
     UPDATE branches
        SET status = 'discarded', updated_at = now()
      WHERE workflow_id = $1 AND branch = ANY($15::text[]) AND parent_branch = $2
-       AND fork_seq = $12 AND status IN ('merged', 'failed') AND EXISTS (SELECT 1 FROM pos)
+       AND fork_seq = $12 AND status IN ('merged', 'failed', 'stale')
+       AND EXISTS (SELECT 1 FROM pos)
 ), ob AS (
     INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
     SELECT $1, m.branch, m.seq, m.dedup, m.grp, m.body
@@ -471,10 +491,49 @@ SELECT cp.created_at AS committed_at, ob.outbox_id, ob.dedup_id
 UPDATE branches b
    SET status = 'discarded', updated_at = now()
  WHERE b.workflow_id = $1 AND b.parent_branch = $2 AND b.fork_seq = $3
-   AND b.branch = ANY($5::text[]) AND b.status IN ('merged', 'failed')
+   AND b.branch = ANY($5::text[]) AND b.status IN ('merged', 'failed', 'stale')
    AND (EXISTS (SELECT 1 FROM workflow_runs r
                  WHERE r.workflow_id = $1 AND $2 = 'main' AND r.next_seq = $4
                    AND r.status = 'running')
         OR EXISTS (SELECT 1 FROM branches p
                     WHERE p.workflow_id = $1 AND p.branch = $2 AND p.next_seq = $4
                       AND p.status = 'running'));
+
+-- name: race_deadline
+-- A race's deadline message arrived ($3 fork_seq on the parent chain $2), under the fork lock:
+-- ONE statement, conditional on the fork still being an open race whose deadline has passed
+-- (database time) and on its parent still running. Then the fork fails ('deadline'), every
+-- live branch of it is discarded and, on the main chain, the run fails with the reason ($4:
+-- the error's name). A race won meanwhile (or failed, or reviewed: its deadline cleared)
+-- matches nothing: the message changes nothing. A parent branch is failed by the caller, one
+-- level up, as a failed fork does (phasegate/branch_failures.py).
+WITH fk AS (
+    UPDATE forks f
+       SET status = 'failed', resolution = 'deadline', pending = 0, resolved_at = now()
+     WHERE f.workflow_id = $1 AND f.parent_branch = $2 AND f.fork_seq = $3
+       AND f.status = 'open' AND f.mode = 'race' AND f.deadline_at <= now()
+       AND EXISTS (SELECT 1 FROM workflow_runs r
+                    WHERE r.workflow_id = $1 AND r.status = 'running')
+       AND ($2 = 'main' OR EXISTS (SELECT 1 FROM branches p
+                                    WHERE p.workflow_id = $1 AND p.branch = $2
+                                      AND p.status = 'running'))
+    RETURNING format('%s: no branch of the race at %s seq %s won within its deadline of %s s',
+                     $4::text, $2::text, $3::int,
+                     trim_scale(round(extract(epoch FROM f.deadline_at - f.created_at), 3)))
+              AS reason
+), dropped AS (
+    UPDATE branches b
+       SET status = 'discarded', updated_at = now(), finished_at = coalesce(b.finished_at, now())
+     WHERE b.workflow_id = $1 AND b.parent_branch = $2 AND b.fork_seq = $3
+       AND b.status IN ('running', 'completed') AND EXISTS (SELECT 1 FROM fk)
+    RETURNING b.branch
+), run AS (
+    UPDATE workflow_runs r
+       SET status = 'failed', error = (SELECT reason FROM fk), updated_at = now(),
+           finished_at = now()
+     WHERE r.workflow_id = $1 AND $2 = 'main' AND r.status = 'running'
+       AND EXISTS (SELECT 1 FROM fk)
+    RETURNING r.workflow_id
+)
+SELECT (SELECT reason FROM fk) AS reason, (SELECT count(*) FROM dropped)::int AS discarded,
+       EXISTS (SELECT 1 FROM run) AS run_failed;

@@ -70,7 +70,8 @@ def envelopes(draw: st.DrawFn) -> Case:
     wid = mostly(draw, st.from_regex(r"fz-[a-z0-9]{1,4}", fullmatch=True),
                  st.text(max_size=12))
     workflow = mostly(draw, st.sampled_from(WORKFLOWS[:-1]), st.just("nope") | edge_text)
-    kind = mostly(draw, st.just("start"), st.sampled_from(["phase", "merge"]) | edge_text)
+    kind = mostly(draw, st.just("start"),
+                  st.sampled_from(["phase", "merge", "deadline"]) | edge_text)
     body: dict[str, Any] = {
         "v": mostly(draw, st.just(1), st.sampled_from([True, 1.0, 2, "1", None])),
         "kind": kind, "workflow_id": wid, "workflow": workflow}

@@ -52,6 +52,30 @@ def test_bad_forks_fail_the_phase_at_once(kwargs: dict[str, Any], error: str) ->
         ctx().fork(inputs, **kwargs)
 
 
+@pytest.mark.parametrize(("deadline_s", "mode", "error"), [
+    (5, "all", "only applies to mode='race'"),
+    (0, "race", "must be seconds in"),
+    (-1, "race", "must be seconds in"),
+    (float("nan"), "race", "must be seconds in"),
+    (True, "race", "must be seconds in"),
+    ("5", "race", "must be seconds in"),
+    (400 * 86400, "race", "must be seconds in"),
+])
+def test_bad_race_deadlines_fail_the_phase_at_once(deadline_s: Any, mode: str,
+                                                   error: str) -> None:
+    with pytest.raises(ForkError, match=error):
+        plan_fork(speculate, "plan", 0, "main", [{}], "pick", mode, None,
+                  deadline_s=deadline_s)
+
+
+def test_a_race_deadline_is_planned_in_seconds() -> None:
+    c = ctx()
+    c.fork([{}], merge="combine", mode="race", deadline_s=3)
+    assert c.fork_plan is not None and c.fork_plan.deadline_s == 3.0
+    assert plan_fork(speculate, "plan", 0, "main", [{}], "pick", "race", None).deadline_s \
+        is None
+
+
 def test_merge_must_leave_room_for_branch_phases() -> None:
     with pytest.raises(ForkError, match="at least two phases"):
         ctx(phase="refine").fork([{}], merge="combine")

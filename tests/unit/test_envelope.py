@@ -29,6 +29,17 @@ def test_dedup_id_is_sha256_of_workflow_branch_seq():
     assert dedup_id("wf-1", "main", 3, epoch=1) != dedup_id("wf-1", "main", 3)
 
 
+def test_a_race_deadline_message_has_its_own_dedup_id():
+    """Its seq is the forking message's: with the same id SQS would drop it as a duplicate."""
+    deadline = Envelope.model_validate({"v": 1, "kind": "deadline", "workflow_id": "wf-1",
+                                        "workflow": "w", "seq": 3, "phase": "merge"})
+    assert deadline.dedup_id == hashlib.sha256(b"wf-1:main:3:deadline").hexdigest()
+    assert deadline.dedup_id != phase_message("wf-1", "w", 3, "p").dedup_id
+    with pytest.raises(ValidationError):
+        Envelope.model_validate({"v": 1, "kind": "deadline", "workflow_id": "wf-1",
+                                 "workflow": "w", "seq": 3})
+
+
 def test_group_id_is_the_workflow_id_and_branch_suffix():
     assert message_group_id("wf-1") == "wf-1"
     assert message_group_id("wf-1", "b2") == "wf-1/b2"
