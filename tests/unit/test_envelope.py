@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from phasegate.envelope import (
+    MAX_SEQ,
     Envelope,
     canonical_json,
     dedup_id,
@@ -14,6 +15,7 @@ from phasegate.envelope import (
     phase_message,
     start_message,
     state_hash,
+    successor_message,
 )
 
 
@@ -27,6 +29,28 @@ def test_dedup_id_is_sha256_of_workflow_branch_seq():
     assert dedup_id("wf-1", "main", 3) == hashlib.sha256(b"wf-1:main:3").hexdigest()
     assert phase_message("wf-1", "w", 3, "p").dedup_id == dedup_id("wf-1", "main", 3)
     assert dedup_id("wf-1", "main", 3, epoch=1) != dedup_id("wf-1", "main", 3)
+
+
+@pytest.mark.parametrize("received", [
+    start_message("wf-1", "w", {"a": 1}, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+    phase_message("wf-1", "w", 4, "p4", branch="b2"),
+    start_message("wf-1", "w", None).model_copy(update={"classification": "regulated",
+                                                        "region": "eu"}),
+])
+def test_a_successor_is_the_message_full_validation_would_build(received):
+    built = successor_message(received, "w", "next")
+    validated = phase_message(received.workflow_id, "w", received.seq + 1, "next",
+                              received.branch, received.traceparent)
+    assert built == validated and built.to_json() == validated.to_json()
+    assert built.dedup_id == validated.dedup_id and built.group_id == validated.group_id
+    assert Envelope.model_validate_json(built.to_json()) == validated
+
+
+def test_a_successor_past_the_bounds_fails_as_full_validation_does():
+    with pytest.raises(ValidationError, match="seq"):
+        successor_message(phase_message("wf-1", "w", MAX_SEQ, "p"), "w", "next")
+    with pytest.raises(ValidationError, match="phase"):
+        successor_message(phase_message("wf-1", "w", 1, "p"), "w", "n" * 201)
 
 
 def test_group_id_is_the_workflow_id_and_branch_suffix():
