@@ -134,17 +134,16 @@ def successor_message(envelope: Envelope, workflow: str, phase: str) -> Envelope
 
     Every field but ``seq`` and ``phase`` comes from ``envelope``, validated when it was
     parsed (``workflow`` is the name it was routed by), so when those two are within the
-    model's bounds it is built without running the validators again (they were ~3 % of the
-    worker's CPU per transition: docs/benchmarks.md, "Python per hop"). Otherwise it is
-    validated in full and fails exactly as ``phase_message`` does."""
+    model's bounds it is copied without running the validators again (9.2 -> 2.6 µs, about 2 %
+    of the worker's samples per transition: docs/benchmarks.md, "Python per hop"). Otherwise
+    it is validated in full and fails exactly as ``phase_message`` does."""
     seq = envelope.seq + 1
     if seq > MAX_SEQ or len(phase) > MAX_NAME_CHARS or workflow != envelope.workflow:
         return phase_message(envelope.workflow_id, workflow, seq, phase, envelope.branch,
                              envelope.traceparent)
-    return Envelope.model_construct(
-        v=1, kind="phase", workflow_id=envelope.workflow_id, workflow=workflow, seq=seq,
-        phase=phase, branch=envelope.branch, input=None, traceparent=envelope.traceparent,
-        classification=None, region=None)
+    # A copy is ~3x cheaper than model_construct, which walks every field in Python.
+    return envelope.model_copy(update={"kind": "phase", "seq": seq, "phase": phase,
+                                       "input": None, "classification": None, "region": None})
 
 
 def start_message(workflow_id: str, workflow: str, input: Any,
