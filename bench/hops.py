@@ -5,7 +5,8 @@
 Times, in µs per transition, what the worker does around every phase besides the queries:
 the three span hooks plus trace propagation with no OpenTelemetry SDK configured, the
 per-phase log line (production JSON pipeline, run ids bound as context variables, output to
-/dev/null) and one JSON encoding of the successor envelope. Run it in two checkouts to compare
+/dev/null), building the successor envelope (validated, or copied from the received one) and
+one JSON encoding of it. Run it in two checkouts to compare
 them; the machine's load shows as noise, so run each a few times, alternating.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import structlog
 
 from phasegate import tracing
-from phasegate.envelope import phase_message
+from phasegate.envelope import phase_message, successor_message
 from phasegate.logs import configure_logging
 
 
@@ -56,6 +57,11 @@ def main() -> None:
                              ("phase log line, pre-bound logger", bound)):
             figures[name] = per_call_us(lambda lg=logger: lg.info(
                 "phase", phase="p7", outcome="advanced", duration_s=0.000123), n)
+    figures["successor built, validated (phase_message)"] = per_call_us(
+        lambda: phase_message(envelope.workflow_id, envelope.workflow, envelope.seq + 1, "p8",
+                              envelope.branch, envelope.traceparent), n)
+    figures["successor built, copied (successor_message)"] = per_call_us(
+        lambda: successor_message(envelope, envelope.workflow, "p8"), n)
     figures["successor to_json, once"] = per_call_us(successor.to_json, n)
     for name, value in figures.items():
         print(f"{name}: {value:.2f} us")

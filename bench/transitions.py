@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,6 +60,7 @@ from bench.workload import (
 from phasegate.envelope import start_message
 from phasegate.orchestrator.embedded import free_port, local_aws_env
 from phasegate.queue import Outgoing, SqsQueue, create_fifo_queue_pair
+from phasegate.residency import RegionalStore
 from phasegate.settings import Settings
 from phasegate.sql import queries
 from phasegate.store import Store, create_pool
@@ -102,6 +104,8 @@ class Env:
     load_window_ms: float = Settings.model_fields["load_batch_window_ms"].default
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
+    # Wraps the timed run alone (bench/profile.py counts per-transition work with it).
+    around: Callable[[], AbstractContextManager[Any]] | None = None
 
     def endpoint(self, backend: str) -> str:
         found = self.localstack_endpoint if backend == "localstack" else self.moto_endpoint
@@ -133,8 +137,9 @@ def wait_time_for(backend: str) -> int:
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
     pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
-    store = Store(pool, commit_window_s=env.commit_window_ms / 1000,
-                  load_window_s=env.load_window_ms / 1000)
+    # The store a worker runs with (worker/startup.py): one region, its audit line per commit.
+    store = RegionalStore(pool, commit_window_s=env.commit_window_ms / 1000,
+                          load_window_s=env.load_window_ms / 1000)
     manager = None
     queue: Any
     dlq: Any
@@ -228,7 +233,8 @@ async def _timed(run: Callable[[], Awaitable[None]], workload: Workload, env: En
     async with ServerMeter(env.databases.server_dsn, database) as meter:
         before = await env.proxy.counts() if env.proxy else {}
         cpu, wall = time.process_time(), time.perf_counter()
-        await asyncio.wait_for(run(), timeout=900)
+        with env.around() if env.around else nullcontext():
+            await asyncio.wait_for(run(), timeout=900)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         after = await env.proxy.counts() if env.proxy else {}
         server = await meter.read()

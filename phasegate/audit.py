@@ -7,8 +7,12 @@ is labelled by region, classification and kind only -- never by workflow id.
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 from prometheus_client import Counter
+
+from phasegate import metrics
 
 log = structlog.get_logger("phasegate.audit")
 
@@ -18,9 +22,19 @@ CHECKPOINT_WRITES = Counter(
     ["region", "classification", "kind"])
 
 
+def bound_logger() -> Any:
+    """The audit logger bound once, from the logging configuration in force now: a store
+    makes one when it is made. Through the module's proxy, structlog rebuilds its bound logger
+    on every line, a third of the line's cost and one line per commit."""
+    return log.bind()
+
+
 def checkpoint_written(*, workflow_id: str, seq: int, branch: str, region: str,
-                       classification: str, kind: str = "phase") -> None:
-    """Record one committed checkpoint (after the commit: never for a rolled-back one)."""
-    CHECKPOINT_WRITES.labels(region, classification, kind).inc()
-    log.info("checkpoint_audit", workflow_id=workflow_id, seq=seq,
-             branch=branch, region=region, classification=classification, kind=kind)
+                       classification: str, kind: str = "phase",
+                       logger: Any = None) -> None:
+    """Record one committed checkpoint (after the commit: never for a rolled-back one).
+    ``logger``: a ``bound_logger()`` (default: the module's proxy)."""
+    metrics.child(CHECKPOINT_WRITES, region, classification, kind).inc()
+    (logger or log).info("checkpoint_audit", workflow_id=workflow_id, seq=seq,
+                         branch=branch, region=region, classification=classification,
+                         kind=kind)

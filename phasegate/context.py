@@ -19,6 +19,10 @@ from phasegate.waits import Wait, WaitError, signal_wait, timer
 if TYPE_CHECKING:
     from phasegate.workflow import Workflow
 
+# A lazy proxy holds no state of its own (it binds at each call, from the configuration then
+# in force), so every Context can share one instead of making one per phase.
+_PHASE_LOG = structlog.get_logger("phasegate.phase")
+
 
 @dataclass
 class Context:
@@ -64,7 +68,7 @@ class Context:
 
     def __post_init__(self) -> None:
         if self.log is None:
-            self.log = structlog.get_logger("phasegate.phase")
+            self.log = _PHASE_LOG
 
     def progress(self, state: Any) -> None:
         """Publish the latest in-phase partial state (kept in memory until a flush needs it)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -25,6 +26,7 @@ MAIN_BRANCH = "main"
 WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 BRANCH_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,26}$")
 MAX_SEQ = 2**31 - 1  # the largest Postgres integer
+MAX_NAME_CHARS = 200  # a workflow's or a phase's name
 
 
 class Envelope(BaseModel):
@@ -36,10 +38,10 @@ class Envelope(BaseModel):
     v: Literal[1]
     kind: Literal["start", "phase", "merge", "deadline"]
     workflow_id: str
-    workflow: str = Field(min_length=1, max_length=200)
+    workflow: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     # Postgres stores seq as integer: a bigger one would fail inside the transition.
     seq: int = Field(default=0, ge=0, le=MAX_SEQ)
-    phase: str | None = Field(default=None, max_length=200)
+    phase: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     branch: str = MAIN_BRANCH
     input: Any = None
     traceparent: str | None = Field(default=None, max_length=55)
@@ -100,6 +102,10 @@ def message_group_id(workflow_id: str, branch: str = MAIN_BRANCH) -> str:
     return group
 
 
+# A transition asks for the same message's id several times (the commit's outbox row, the
+# message sent, the phase then running it locally): one digest each, not one per ask. Pure,
+# so a cache answers exactly what the digest would; bounded by the messages in flight.
+@lru_cache(maxsize=4096)
 def dedup_id(workflow_id: str, branch: str, seq: int, epoch: int = 0, *,
              deadline: bool = False) -> str:
     """sha256 of ``workflow_id:branch:seq``; a retried run adds its epoch so SQS's 5-minute
@@ -126,6 +132,24 @@ def phase_message(workflow_id: str, workflow: str, seq: int, phase: str,
                   kind: Literal["phase", "merge"] = "phase") -> Envelope:
     return Envelope(v=1, kind=kind, workflow_id=workflow_id, workflow=workflow, seq=seq,
                     phase=phase, branch=branch, traceparent=traceparent)
+
+
+def successor_message(envelope: Envelope, workflow: str, phase: str) -> Envelope:
+    """The next phase's message on ``envelope``'s branch: seq + 1, the same run, trace parent
+    and branch; no input, no residency hint (``residency.carry`` adds the region).
+
+    Every field but ``seq`` and ``phase`` comes from ``envelope``, validated when it was
+    parsed (``workflow`` is the name it was routed by), so when those two are within the
+    model's bounds it is copied without running the validators again (about a third of the
+    cost: docs/benchmarks.md, "Python per hop"). Otherwise it is validated in full and fails
+    exactly as ``phase_message`` does."""
+    seq = envelope.seq + 1
+    if seq > MAX_SEQ or len(phase) > MAX_NAME_CHARS or workflow != envelope.workflow:
+        return phase_message(envelope.workflow_id, workflow, seq, phase, envelope.branch,
+                             envelope.traceparent)
+    # A copy is ~3x cheaper than model_construct, which walks every field in Python.
+    return envelope.model_copy(update={"kind": "phase", "seq": seq, "phase": phase,
+                                       "input": None, "classification": None, "region": None})
 
 
 def start_message(workflow_id: str, workflow: str, input: Any,

@@ -3,6 +3,8 @@ phase names come from code, never from messages; workflow ids are never labels."
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -44,3 +46,18 @@ CONTINUED_HOPS = Counter(
 HEARTBEATS = Counter("phasegate_heartbeat_extensions_total",
                      "Visibility extensions sent for in-flight messages.")
 READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop receives.")
+
+
+_CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, remembered: ``labels()`` takes the metric's lock and builds
+    its key on every call, and the transition asks for the same few children each time (labels
+    are names from code and outcomes, never ids, so there are few). phasegate never removes a
+    child, so a remembered one stays the registered one."""
+    key = (id(metric), labels)
+    found = _CHILDREN.get(key)
+    if found is None:
+        found = _CHILDREN[key] = metric.labels(*labels)
+    return found

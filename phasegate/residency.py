@@ -116,6 +116,7 @@ class RegionalStore(Store):
         self.strict = strict
         self._gq = queries("governance.sql")
         self._known: OrderedDict[str, Residency] = OrderedDict()
+        self._audit_log = audit.bound_logger()
 
     # -- the checks
 
@@ -196,7 +197,8 @@ class RegionalStore(Store):
         if result is not None:
             audit.checkpoint_written(
                 workflow_id=commit.workflow_id, seq=commit.seq, branch=commit.branch,
-                region=self.region, classification=found.classification)
+                region=self.region, classification=found.classification,
+                logger=self._audit_log)
         return result
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
@@ -219,7 +221,7 @@ class RegionalStore(Store):
         if done:
             audit.checkpoint_written(workflow_id=workflow_id, seq=seq, branch=branch,
                                      region=self.region, classification=found.classification,
-                                     kind="emergency")
+                                     kind="emergency", logger=self._audit_log)
         return done
 
 

@@ -1,5 +1,6 @@
 """OpenTelemetry tracing: a span per phase, a child span per checkpoint commit, a span per SQS
-send, and the envelope's ``traceparent`` carrying a run's trace from phase to phase.
+send, and the envelope's ``traceparent`` carrying a run's trace from phase to phase (a phase
+continued in process gets its span from the same ``traceparent``, as if it came through SQS).
 
 Optional: ``pip install phasegate[otel]`` brings the OpenTelemetry API; without it, or without
 an SDK configured by the application (``TracerProvider`` + exporter), every call here is a
@@ -140,6 +141,24 @@ def _phase_span(envelope: Envelope) -> Iterator[SpanHandle]:
     with _span(name, kind=SpanKind.CONSUMER if trace is not None else None,
                context=_parent(envelope.traceparent),
                attributes=_run_attributes(envelope)) as handle:
+        yield handle
+
+
+def hop_span(envelope: Envelope, hops: int) -> AbstractContextManager[SpanHandle]:
+    """The span of a phase continued in process (``hops`` > 0: worker/continuation.py), named
+    and parented as if it had come through SQS: a child of the trace its successor message
+    carries (the previous phase's span), with ``phasegate.continued``. The first hop of a
+    chain is the received message's ``phase_span``: nothing here."""
+    return _NO_SPAN if hops == 0 or _tracer() is None else _hop_span(envelope)
+
+
+@contextmanager
+def _hop_span(envelope: Envelope) -> Iterator[SpanHandle]:
+    attributes = _run_attributes(envelope)
+    del attributes["messaging.system"]  # no message was received for it
+    attributes["phasegate.continued"] = True
+    with _span(f"phasegate.phase {envelope.workflow}.{envelope.phase or 'start'}",
+               context=_parent(envelope.traceparent), attributes=attributes) as handle:
         yield handle
 
 

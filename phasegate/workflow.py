@@ -70,6 +70,7 @@ class Workflow:
             name, concurrency_key, max_concurrency)
         self.schedule, self.schedule_input = _schedule(name, schedule, schedule_input)
         self._phases: dict[str, Phase] = {}
+        self._order: tuple[str, ...] = ()  # the phase names in order (next_phase)
         try:
             self.tiers: list[Tier] = build_tiers(tiers)
         except TierDefinitionError as exc:
@@ -174,9 +175,16 @@ class Workflow:
         return self._phases.get(name)
 
     def next_phase(self, name: str) -> str | None:
+        # Asked once per transition: the names in order, not a list of every phase each time.
         index = self._phases[name].index + 1
-        phases = self.phases
-        return phases[index].name if index < len(phases) else None
+        names = self._names
+        return names[index] if index < len(names) else None
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        if len(self._order) != len(self._phases):  # a phase was registered since
+            self._order = tuple(self._phases)
+        return self._order
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, schema_version={self.schema_version}, " \

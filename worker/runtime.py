@@ -414,7 +414,7 @@ class Worker:
             metrics.SQS_ERRORS.labels(action).inc()
             log.warning("settle_failed", action=action, error=f"{type(exc).__name__}"[:200])
         finally:
-            metrics.MESSAGES.labels(settlement.outcome).inc()
+            metrics.child(metrics.MESSAGES, settlement.outcome).inc()
             self._forget(message.receipt_handle)
 
     def _forget(self, receipt_handle: str) -> None:

@@ -48,8 +48,8 @@ from phasegate.door import settle as settle_door
 from phasegate.envelope import (
     MAIN_BRANCH,
     Envelope,
-    phase_message,
     state_hash,
+    successor_message,
 )
 from phasegate.faults import Faults
 from phasegate.queue import Outgoing, Queue, QueueError, Received
@@ -287,8 +287,13 @@ class PhaseTransition:
         chain = Chain()
         try:
             while True:
-                step = await self.run_hop(envelope, workflow, phase_name, position, state,
-                                          chain, door, merged)
+                # A continued hop's own span, parented like a hop through SQS would be (the
+                # first hop's is the received message's span, opened in ``handle``).
+                with tracing.hop_span(envelope, chain.hops) as span:
+                    step = await self.run_hop(envelope, workflow, phase_name, position, state,
+                                              chain, door, merged)
+                    span.set("phasegate.outcome", step.outcome
+                             if isinstance(step, Settlement) else "continued")
                 if isinstance(step, Settlement):
                     return await self.end_chain(chain, step)
                 self.faults.hit("mid_chain")
@@ -413,8 +418,7 @@ class PhaseTransition:
         # Where the run goes: the next phase, or (below its tier) this phase again / review.
         outcome = outcome or decide(workflow, phase, envelope.seq, None, 1, None)
         next_phase = outcome.next_phase
-        successor = (phase_message(envelope.workflow_id, workflow.name, envelope.seq + 1,
-                                   outcome.next_phase, envelope.branch, envelope.traceparent)
+        successor = (successor_message(envelope, workflow.name, outcome.next_phase)
                      if outcome.next_phase and outcome.sends_successor else None)
         successor = residency.carry(envelope, tracing.propagate(envelope, successor))
         commit = PhaseCommit(
@@ -584,6 +588,7 @@ class PhaseTransition:
     def _log_phase(self, envelope: Envelope, phase_name: str, started: float, outcome: str,
                    **extra: Any) -> None:
         duration = time.monotonic() - started
-        metrics.PHASE_DURATION.labels(envelope.workflow, phase_name, outcome).observe(duration)
+        metrics.child(metrics.PHASE_DURATION, envelope.workflow, phase_name,
+                      outcome).observe(duration)
         self._phase_log.info("phase", phase=phase_name, outcome=outcome,
                              duration_s=round(duration, 6), **extra)

@@ -52,7 +52,26 @@ async def second(ctx, state):
     return {**state, "done": True}
 
 
-REGISTRY = Registry([traced])
+# Three phases that always advance: with local continuation one received message runs all.
+chained = Workflow("chained")
+
+
+@chained.phase("a")
+async def chained_a(ctx, state):
+    return {**state, "a": True}
+
+
+@chained.phase("b")
+async def chained_b(ctx, state):
+    return {**state, "b": True}
+
+
+@chained.phase("c")
+async def chained_c(ctx, state):
+    return {**state, "c": True}
+
+
+REGISTRY = Registry([traced, chained])
 
 
 @pytest.fixture
@@ -83,19 +102,18 @@ def settings(database_url, queue_pair, sqs_endpoint):
     return make_settings(database_url, queue_pair, sqs_endpoint, max_attempts=3)
 
 
-async def start(settings, input) -> str:
+async def start(settings, input, workflow: Workflow = traced) -> str:
     pool = await create_pool(settings.database_url, min_size=1, max_size=1)
     try:
         async with queue_for(settings) as queue:
-            return (await start_workflow(RegionalStore(pool), queue, workflow=traced,
+            return (await start_workflow(RegionalStore(pool), queue, workflow=workflow,
                                          input=input)).workflow_id
     finally:
         await pool.close()
 
 
 async def test_spans_per_phase_commit_and_send_share_one_trace_per_run(settings, exporter):
-    # The hop through SQS carries the trace in the message; a locally continued hop runs
-    # inside the received message's span (docs/concepts/transition.md), so it is off here.
+    # Every hop through SQS: the trace travels in the message (continued hops: below).
     settings = settings.model_copy(update={"continuation": False})
     wid = await start(settings, {"person": "p"})
     async with running_worker(settings, REGISTRY):
@@ -122,6 +140,39 @@ async def test_spans_per_phase_commit_and_send_share_one_trace_per_run(settings,
     assert second_span.context.trace_id == committing.context.trace_id
     assert second_span.parent.span_id == committing.context.span_id
 
+
+async def test_a_continued_chain_has_one_span_per_phase_parented_like_hops_through_sqs(
+        settings, exporter):
+    """Local continuation runs b and c in the process that received a's message: each still
+    gets its own phase span, a child of the previous phase's span (the parent the traceparent
+    in its successor message names, as when it hops through SQS), with its own commit."""
+    settings = settings.model_copy(update={"continuation": True})
+    wid = await start(settings, {}, chained)
+    hops_before = METRICS.get_sample_value("phasegate_continued_hops_total") or 0.0
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="run done")
+    # b and c ran in the process that ran a, without a message of their own.
+    assert METRICS.get_sample_value("phasegate_continued_hops_total") - hops_before == 2
+    spans = exporter.get_finished_spans()
+    phases = {s.attributes.get("phase.name", "start"): s for s in spans
+              if s.name.startswith("phasegate.phase chained.")}
+    assert sorted(phases) == ["b", "c", "start"]  # a's message is the start message
+    assert len([s for s in spans if s.name.startswith("phasegate.phase chained.")]) == 3
+    assert phases["b"].parent.span_id == phases["start"].context.span_id
+    assert phases["c"].parent.span_id == phases["b"].context.span_id
+    assert {s.context.trace_id for s in phases.values()} == {phases["start"].context.trace_id}
+    assert [phases[p].attributes.get("phasegate.continued") for p in ("start", "b", "c")] \
+        == [None, True, True]
+    assert [phases[p].attributes["step.seq"] for p in ("start", "b", "c")] == [0, 1, 2]
+    assert phases["b"].attributes["phasegate.outcome"] == "continued"
+    assert phases["c"].attributes["phasegate.outcome"] == "completed"
+    by_id = {s.context.span_id: s for s in spans}
+    commits = [s for s in spans if s.name == "phasegate.checkpoint.commit"
+               and s.attributes["workflow.id"] == wid]
+    # One commit per phase, each the child of its own phase's span.
+    assert sorted((by_id[c.parent.span_id].attributes.get("phase.name", "start"),
+                   c.attributes["step.seq"]) for c in commits) \
+        == [("b", 1), ("c", 2), ("start", 0)]
 
 async def test_personal_data_never_leaves_through_phasegate(settings, exporter, json_logs):
     ok = await start(settings, {"person": PII})

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from phasegate.envelope import (
+    MAX_SEQ,
     Envelope,
     canonical_json,
     dedup_id,
@@ -14,6 +15,7 @@ from phasegate.envelope import (
     phase_message,
     start_message,
     state_hash,
+    successor_message,
 )
 
 
@@ -38,6 +40,28 @@ def test_a_race_deadline_message_has_its_own_dedup_id():
     with pytest.raises(ValidationError):
         Envelope.model_validate({"v": 1, "kind": "deadline", "workflow_id": "wf-1",
                                  "workflow": "w", "seq": 3})
+
+
+@pytest.mark.parametrize("received", [
+    start_message("wf-1", "w", {"a": 1}, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+    phase_message("wf-1", "w", 4, "p4", branch="b2"),
+    start_message("wf-1", "w", None).model_copy(update={"classification": "regulated",
+                                                        "region": "eu"}),
+])
+def test_a_successor_is_the_message_full_validation_would_build(received):
+    built = successor_message(received, "w", "next")
+    validated = phase_message(received.workflow_id, "w", received.seq + 1, "next",
+                              received.branch, received.traceparent)
+    assert built == validated and built.to_json() == validated.to_json()
+    assert built.dedup_id == validated.dedup_id and built.group_id == validated.group_id
+    assert Envelope.model_validate_json(built.to_json()) == validated
+
+
+def test_a_successor_past_the_bounds_fails_as_full_validation_does():
+    with pytest.raises(ValidationError, match="seq"):
+        successor_message(phase_message("wf-1", "w", MAX_SEQ, "p"), "w", "next")
+    with pytest.raises(ValidationError, match="phase"):
+        successor_message(phase_message("wf-1", "w", 1, "p"), "w", "n" * 201)
 
 
 def test_group_id_is_the_workflow_id_and_branch_suffix():

@@ -29,6 +29,17 @@ def test_phases_run_in_declaration_order():
     assert wf.next_phase("two") is None
 
 
+def test_next_phase_sees_a_phase_declared_after_it_was_first_asked():
+    wf = make()
+    assert wf.next_phase("two") is None
+
+    @wf.phase("three")
+    async def three(ctx: Context, state: dict) -> dict:
+        return state
+
+    assert [wf.next_phase(name) for name in ("one", "two", "three")] == ["two", "three", None]
+
+
 def test_definition_errors_are_clear():
     wf = make()
     with pytest.raises(WorkflowDefinitionError, match="declared twice"):
