@@ -105,6 +105,10 @@ async def send_decision(pool: asyncpg.Pool, workflow_id: str, action: str,
         raise SignalError(f"a review decision is one of {sorted(DECISIONS)}, not {action!r}")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
         raise SignalError(f"an idempotency key must be 1-{MAX_KEY_CHARS} characters")
+    try:
+        check_storable(reason, where="reason")
+    except (ValueError, TypeError) as exc:
+        raise SignalError(str(exc)) from None
     body = canonical_json({"reason": reason})
     return await _deliver(pool, workflow_id, DECISIONS[action], body, idempotency_key, queue,
                           actor, reason)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from phasegate.signals import NotUnderReview, send_decision
+from phasegate.signals import NotUnderReview, SignalError, send_decision
 from phasegate.steps import idempotency_key
 from phasegate.workflow import Registry
 from tests import workflows_room
@@ -131,6 +131,10 @@ async def test_a_review_decision_is_a_signal_that_the_door_follows(settings, api
     async with running_worker(settings, REGISTRY):
         await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
     async with store_for(dsn) as store, queue_for(settings) as queue:
+        for action, reason in (("maybe", None), ("approve", "nul \u0000")):
+            with pytest.raises(SignalError) as refused:  # nothing is stored for either
+                await send_decision(store.pool, wid, action, reason, queue=queue)
+            assert refused.value.status_code == 422
         first = await send_decision(store.pool, wid, "reject", "draft again",
                                     idempotency_key="ticket-1", queue=queue, actor="test")
         again = await send_decision(store.pool, wid, "reject", "draft again",
