@@ -100,10 +100,11 @@ RETURNING r.workflow_id;
 
 -- name: due_soon
 -- The exporter's phasegate_timers_due_soon: waiting runs whose row falls due within $1
--- seconds or is due and not sent yet (the fleet should be awake for them). A cancelled run's
--- row is not counted: its message would only be dropped.
+-- seconds or is due and not sent yet (the fleet should be awake for them), and queued runs'
+-- rate-limit wake-ups (0014: the worker that receives one admits the key's queue). A
+-- cancelled run's row is not counted: its message would only be dropped.
 SELECT count(*)::bigint
   FROM outbox o
-  JOIN workflow_runs r ON r.workflow_id = o.workflow_id AND r.status = 'waiting'
+  JOIN workflow_runs r ON r.workflow_id = o.workflow_id AND r.status IN ('waiting', 'queued')
  WHERE o.sent_at IS NULL AND o.due_at IS NOT NULL
    AND o.due_at <= now() + make_interval(secs => $1);

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.orchestrator.views import Views
 from phasegate.workflow import Registry
 from tests.helpers import all_done, fetch, fetchval, queue_for, running_worker, store_for, wait_for
 from tests.integration.test_waits import running_relay
@@ -59,8 +61,6 @@ async def test_ten_runs_with_rate_two_per_three_seconds(settings) -> None:
 async def test_a_cancelled_head_of_the_queue_still_wakes_the_rest(settings) -> None:
     """The wake-up row belongs to the head of the queue; cancelling that run keeps the row
     (cancel removes only a wait's rows), and its arrival admits the next queued run."""
-    from phasegate.orchestrator.control import Control
-
     dsn = settings.database_url
     ids: list[str] = []
     async with store_for(dsn) as store, queue_for(settings) as queue:
@@ -75,6 +75,8 @@ async def test_a_cancelled_head_of_the_queue_still_wakes_the_rest(settings) -> N
                                  "'queued' ORDER BY a.position")
             head, behind = (r["workflow_id"] for r in queued)
             await wait_for(lambda: _has_wake_row(dsn, head), what="a wake-up row for the head")
+            # The exporter counts it, so a fleet scaled to zero is woken ahead of it.
+            assert await Views(store.pool).timers_due_soon(60) == 1
             control = Control(store.pool, queue, Registry([paced]), actor="test")
             await control.cancel(head, "not this one")
             async with running_relay(settings):
