@@ -155,3 +155,20 @@ async def test_a_review_decision_is_a_signal_that_the_door_follows(settings, api
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(dsn, [wid]), what="completed")
     assert await notes(settings, wid, "work") == ["1", "2"]  # rejected: the phase ran again
+
+
+async def test_a_decision_of_the_previous_release_is_still_followed(settings, api):
+    """An orchestrator of the previous release (0013) recorded decisions only in
+    control_actions; a run resumed that way during an upgrade is still decided right."""
+    from phasegate.orchestrator.control import RULES, Control
+
+    dsn = settings.database_url
+    wid = await start(settings, workflows_room.tier_escalate, {"pass_on": 2})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+        async with store_for(dsn) as store, queue_for(settings) as queue:
+            # The previous release's approve/reject: the generic resume, no signal.
+            await Control(store.pool, queue, None)._resume(RULES["reject"], wid, "old")
+        await wait_for(lambda: all_done(dsn, [wid]), what="completed")
+    assert await fetch(dsn, "SELECT 1 FROM signals WHERE workflow_id = $1", wid) == []
+    assert await notes(settings, wid, "work") == ["1", "2"]
