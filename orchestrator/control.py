@@ -8,6 +8,10 @@ the send fails, the relay sends it. A run that changed in between is read again.
 Resuming bumps the run's ``epoch``; the message's deduplication id includes it, so SQS's
 5-minute deduplication window cannot swallow the message that resumes a run whose original
 message for the same seq was sent moments ago.
+
+Approve and reject are review decisions: signals (``phasegate.approve``/``phasegate.reject``)
+sent through phasegate/signals.py, which writes the same run row, outbox row and
+``control_actions`` row in its transaction.
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ from phasegate.orchestrator.starter import StartError, start_workflow
 from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
-from phasegate.signals import RunFinished, RunNotFound, SignalError, SignalResult, send_signal
+from phasegate.signals import (
+    NotUnderReview,
+    RunFinished,
+    RunNotFound,
+    SignalError,
+    SignalResult,
+    send_decision,
+    send_signal,
+)
 from phasegate.sql import queries
 from phasegate.store import Store
 from phasegate.workflow import Registry
@@ -171,10 +183,10 @@ class Control:
         return await self._resume(RULES["restart"], workflow_id, reason)
 
     async def approve(self, workflow_id: str, reason: str | None = None) -> Outcome:
-        return await self._resume(RULES["approve"], workflow_id, reason)
+        return await self._decide(RULES["approve"], workflow_id, reason)
 
     async def reject(self, workflow_id: str, reason: str | None = None) -> Outcome:
-        return await self._resume(RULES["reject"], workflow_id, reason)
+        return await self._decide(RULES["reject"], workflow_id, reason)
 
     async def redrive(self, workflow_id: str, reason: str | None = None) -> Outcome:
         return await self._resume(REDRIVE, workflow_id, reason)
@@ -201,6 +213,26 @@ class Control:
             log.info("run_resumed", workflow_id=workflow_id, action=rule.action,
                      from_status=run.status, seq=run.seq, epoch=epoch, sent=sent)
             return Outcome(await self.views.get_run(workflow_id), rule.action, sent)
+        raise Conflict(f"run {workflow_id} kept changing; try again")
+
+    async def _decide(self, rule: Rule, workflow_id: str, reason: str | None) -> Outcome:
+        """approve/reject: the review's decision signal (phasegate/signals.py)."""
+        for _ in range(MAX_RACES):
+            run = await self.views.get_run(workflow_id)
+            if run.status not in rule.allowed:
+                raise refuse(rule, run)
+            self._resume_point(rule, run)  # a run with no current phase: a clear Conflict
+            try:
+                result = await send_decision(self.pool, workflow_id, rule.action,
+                                             _clip(reason), queue=self.queue, actor=self.actor)
+            except (NotUnderReview, RunFinished):
+                continue  # the run changed since we read it: decide again
+            except RunNotFound as exc:
+                raise NotFound(str(exc)) from None
+            log.info("run_resumed", workflow_id=workflow_id, action=rule.action,
+                     from_status=run.status, seq=run.seq, epoch=run.epoch + 1,
+                     sent=result.sent)
+            return Outcome(await self.views.get_run(workflow_id), rule.action, result.sent)
         raise Conflict(f"run {workflow_id} kept changing; try again")
 
     def _resume_point(self, rule: Rule, run: Run) -> tuple[str, int | None]:

@@ -38,8 +38,8 @@ RUN_STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", 
 WAKE_AHEAD_S = 60.0
 TIMERS_DUE_SOON = Gauge(
     "phasegate_timers_due_soon",
-    "Waiting runs whose next phase falls due within the next 60 seconds, or is overdue "
-    "(database time).")
+    "Waiting runs whose next phase falls due within the next 60 seconds, or is overdue, "
+    "and queued runs' rate-limit wake-ups as soon (database time).")
 EXPORTER_ERRORS = Counter(
     "phasegate_exporter_errors_total", "Exporter polls that failed, by source.", ["source"])
 EXPORTER_POLLS = Counter("phasegate_exporter_polls_total", "Exporter poll rounds.")

@@ -13,6 +13,7 @@ import io
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -134,9 +135,10 @@ def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],
               ("created", run["created_at"]), ("updated", run["updated_at"]),
               ("finished", run["finished_at"] or "-")]
     if run.get("due_at"):  # waiting: when the next phase becomes deliverable
-        fields.append(("due", run["due_at"]))
+        fields.append(("due_at", utc_iso(run["due_at"])))
     if run.get("waiting_for"):
-        fields.append(("signal", f"waits for {run['waiting_for']!r} (or the due time)"))
+        fields.append(("waiting_for", f"{run['waiting_for']} (a signal; or due_at, whichever "
+                                      "comes first)"))
     if run.get("error"):
         fields.append(("error", run["error"]))
     parts: list[RenderableType] = [Text(f"{name + ':':<10} {value}") for name, value in fields]
@@ -182,6 +184,14 @@ def action(result: dict[str, Any]) -> str:
     if result.get("sent") is False:
         line += " (resume message queued in the outbox; the relay will send it)"
     return line
+
+
+def utc_iso(value: Any) -> str:
+    """A time from the API or the database as UTC ISO 8601 (``2026-12-01T12:00:00+00:00``)."""
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if moment.tzinfo is None:  # the database's timestamptz always has one; be explicit
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="seconds")
 
 
 def _cell(value: Any) -> str:

@@ -1,4 +1,5 @@
-"""Per-key concurrency: ``Workflow(..., concurrency_key=fn, max_concurrency=N)``.
+"""Per-key concurrency and rate: ``Workflow(..., concurrency_key=fn, max_concurrency=N,
+rate=(M, seconds))``.
 
 At most N runs with the same (workflow, key) are past their start at once; later starts wait
 in Postgres as ``queued`` and are admitted in start order as runs end. Every decision is made
@@ -8,6 +9,10 @@ attempt, a halt, a cancel), fires the ``workflow_runs_free_slot`` trigger, which
 next queued run and puts its start message in the outbox. The worker that freed the slot
 sends that message (``admitted_by``); the relay sends it if that worker dies first.
 
+A rate limit (migration 0014) is decided in the same function: at most M admissions of the
+key in any window of ``seconds``; when the rate is spent, the head of the queue gets a start
+message due when the window allows (a timer row the relay sends), and its worker admits again.
+
 A workflow without a key pays nothing: its runs have no key, so the trigger's WHEN clause
 skips them, and the worker makes no extra query.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +37,9 @@ if TYPE_CHECKING:
 FREES_SLOT = frozenset({"completed", "failed", "stale"})
 # Long enough for a tenant id or a composite key, short enough to index.
 MAX_KEY_CHARS = 200
+# A rate window longer than a day is a schedule's job; the bound also catches milliseconds
+# written as seconds.
+MAX_RATE_WINDOW_S = 86400.0
 
 
 class ConcurrencyKeyError(ValueError):
@@ -59,6 +68,22 @@ def key_for(workflow: Workflow, input: Any) -> str:
         raise ConcurrencyKeyError(f"concurrency_key of {workflow.name} returned a key of "
                                   f"{len(key)} chars (1-{MAX_KEY_CHARS})")
     return key
+
+
+def check_rate(rate: Any) -> tuple[int, float] | None:
+    """``rate=(N, seconds)``: N an int >= 1, seconds a number in (0, MAX_RATE_WINDOW_S]."""
+    if rate is None:
+        return None
+    if not isinstance(rate, tuple | list) or len(rate) != 2:
+        raise ValueError("rate must be a pair (N, seconds), e.g. rate=(10, 60.0)")
+    count, seconds = rate
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"rate's N must be an int >= 1, not {count!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+            or not math.isfinite(seconds) or not 0 < seconds <= MAX_RATE_WINDOW_S:
+        raise ValueError(f"rate's seconds must be a number in (0, {MAX_RATE_WINDOW_S:.0f}], "
+                         f"not {seconds!r}")
+    return count, float(seconds)
 
 
 def admission_message(envelope: Envelope) -> Envelope:
@@ -93,9 +118,11 @@ async def start(store: Store, envelope: Envelope, workflow: Workflow) -> str | R
         return Refused(str(exc))
     await store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
     admit = admission_message(envelope)
+    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
     status: str | None = await store.pool.fetchval(
         q["take_slot"], envelope.workflow_id, workflow.name, key, workflow.max_concurrency,
-        admission_dedup_id(envelope.workflow_id), admit.group_id, admit.to_json())
+        admission_dedup_id(envelope.workflow_id), admit.group_id, admit.to_json(), rate,
+        window_s)
     return status or "missing"
 
 

@@ -11,8 +11,9 @@ checkpoint at ``seq - 1`` and the operator's decision for ``seq`` say what runs:
   when the checkpoint is older than the configured age or an operator just decided a review
   (an approved staleness review is not checked again: its envelope takes the new versions).
 
-Decisions come from ``control_actions`` (approve/reject under the run's current epoch, written
-by the orchestrator with the message that resumes the run).
+Decisions are the signals ``phasegate.approve``/``phasegate.reject`` delivered to this seq under
+the run's current epoch (phasegate/signals.py ``send_decision``, written with the message that
+resumes the run); a decision of the previous release is read from ``control_actions``.
 """
 
 from __future__ import annotations

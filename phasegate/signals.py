@@ -6,6 +6,15 @@ and the wait has not timed out, the same transaction makes the waiting outbox ro
 hands the signal to the next phase (``ctx.signal``). Otherwise it is kept: a later wait for
 its name takes it at its commit (phasegate/sql/queries.sql ``commit_phase``). A repeat of an
 idempotency key changes nothing. Kept signals are deleted with their run (``phasegate purge``).
+
+Review decisions take the same path (``send_decision``: ``phasegate approve|reject``, the API's
+``POST .../approve|reject``, the console, ``phasegate.client`` through ``Control``): a run at
+``awaiting_review`` waits for the reserved signal ``phasegate.approve`` or ``phasegate.reject``,
+whose payload is the operator's reason. Under the same lock and idempotency rule, the signal
+is delivered to the run's next seq under a new epoch, with the message that resumes the run
+and the ``control_actions`` row (signals.sql ``decide``); the next phase's door reads it
+(phasegate/door.py). Unlike a user signal a decision is never kept for later: it answers the
+review the run is in, so a run not awaiting review refuses it (409).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from phasegate.envelope import canonical_json
+from phasegate.envelope import canonical_json, dedup_id, message_group_id, phase_message
 from phasegate.queue import Outgoing, Queue
 from phasegate.sql import queries
 from phasegate.storable import check_storable
@@ -23,6 +32,9 @@ from phasegate.waits import check_signal_name
 
 FINISHED = ("completed", "failed", "cancelled")
 MAX_KEY_CHARS = 200
+# The review decisions, by the action that sends them (waits.RESERVED_PREFIX).
+DECISIONS = {"approve": "phasegate.approve", "reject": "phasegate.reject"}
+ACTIONS = {name: action for action, name in DECISIONS.items()}
 
 
 class SignalError(Exception):
@@ -36,6 +48,12 @@ class RunNotFound(SignalError):
 
 
 class RunFinished(SignalError):
+    status_code = 409
+
+
+class NotUnderReview(SignalError):
+    """A review decision for a run that is not (or no longer) awaiting review."""
+
     status_code = 409
 
 
@@ -72,14 +90,42 @@ async def send_signal(pool: asyncpg.Pool, workflow_id: str, name: str, payload: 
         body = canonical_json(payload)
     except (ValueError, TypeError) as exc:
         raise SignalError(str(exc)) from None
-    result, row = await _store(pool, workflow_id, name, body, idempotency_key, actor)
+    return await _deliver(pool, workflow_id, name, body, idempotency_key, queue, actor)
+
+
+async def send_decision(pool: asyncpg.Pool, workflow_id: str, action: str,
+                        reason: str | None = None, *, idempotency_key: str | None = None,
+                        queue: Queue | None = None, actor: str | None = None) -> SignalResult:
+    """Decide the review of run ``workflow_id``: ``action`` is ``approve`` or ``reject``.
+
+    Raises ``RunNotFound``, ``RunFinished``, ``NotUnderReview`` (the run is not awaiting
+    review), ``SignalError`` (a bad idempotency key). A repeat of an idempotency key returns
+    the first decision (``duplicate``) and changes nothing."""
+    if action not in DECISIONS:
+        raise SignalError(f"a review decision is one of {sorted(DECISIONS)}, not {action!r}")
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
+        raise SignalError(f"an idempotency key must be 1-{MAX_KEY_CHARS} characters")
+    try:
+        check_storable(reason, where="reason")
+    except (ValueError, TypeError) as exc:
+        raise SignalError(str(exc)) from None
+    body = canonical_json({"reason": reason})
+    return await _deliver(pool, workflow_id, DECISIONS[action], body, idempotency_key, queue,
+                          actor, reason)
+
+
+async def _deliver(pool: asyncpg.Pool, workflow_id: str, name: str, body: str,
+                   key: str | None, queue: Queue | None, actor: str | None,
+                   reason: str | None = None) -> SignalResult:
+    result, row = await _store(pool, workflow_id, name, body, key, actor, reason)
     if row is not None and queue is not None:
         result = await _send(pool, queue, result, row)
     return result
 
 
 async def _store(pool: asyncpg.Pool, workflow_id: str, name: str, body: str, key: str | None,
-                 actor: str | None) -> tuple[SignalResult, asyncpg.Record | None]:
+                 actor: str | None, reason: str | None
+                 ) -> tuple[SignalResult, asyncpg.Record | None]:
     q = queries("signals.sql")
     async with pool.acquire() as connection, connection.transaction():
         run = await connection.fetchrow(q["lock_run"], workflow_id)
@@ -92,6 +138,9 @@ async def _store(pool: asyncpg.Pool, workflow_id: str, name: str, body: str, key
                                     seen["consumed_seq"] is not None, duplicate=True), None
         if run["status"] in FINISHED:
             raise RunFinished(f"run {workflow_id} is {run['status']}: it takes no more signals")
+        if name in ACTIONS:
+            row = await _decide(connection, workflow_id, run, name, body, key, actor, reason)
+            return SignalResult(workflow_id, name, row["signal_id"], True), row
         row = None
         if run["status"] == "waiting" and run["waiting_for"] == name and run["before_due"]:
             row = await connection.fetchrow(q["wake"], workflow_id, run["next_seq"])
@@ -103,6 +152,26 @@ async def _store(pool: asyncpg.Pool, workflow_id: str, name: str, body: str, key
         if signal_id is None:  # impossible under the run's lock; refuse rather than guess
             raise SignalError("a signal with this idempotency key was stored concurrently")
         return SignalResult(workflow_id, name, signal_id, row is not None), row
+
+
+async def _decide(connection: asyncpg.Connection, workflow_id: str, run: asyncpg.Record,
+                  name: str, body: str, key: str | None, actor: str | None,
+                  reason: str | None) -> asyncpg.Record:
+    """The review wait ends: the decision delivered with the message that resumes the run."""
+    if run["status"] != "awaiting_review" or run["current_phase"] is None:
+        raise NotUnderReview(f"run {workflow_id} is {run['status']}, not awaiting_review")
+    seq, epoch = run["next_seq"], run["epoch"] + 1
+    message = phase_message(workflow_id, run["workflow"], seq, run["current_phase"])
+    if run["region"] is not None:  # the worker routes it to the run's store
+        message = message.model_copy(update={"region": run["region"]})
+    row = await connection.fetchrow(
+        queries("signals.sql")["decide"], workflow_id, seq, run["epoch"],
+        dedup_id(workflow_id, message.branch, seq, epoch),
+        message_group_id(workflow_id, message.branch), message.to_json(), name, body, key,
+        actor, ACTIONS[name], reason)
+    if row is None:  # impossible under the run's lock; refuse rather than guess
+        raise NotUnderReview(f"run {workflow_id} changed while it was being decided")
+    return row
 
 
 async def _send(pool: asyncpg.Pool, queue: Queue, result: SignalResult,

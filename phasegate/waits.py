@@ -20,6 +20,9 @@ from typing import Any
 MAX_WAIT_S = 365 * 86400.0
 # Signal names travel in URL paths and CLI arguments: the same alphabet as phase names.
 SIGNAL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# Names the control plane sends for review decisions (phasegate.approve, phasegate.reject:
+# phasegate/signals.py send_decision). User code can neither wait for nor send them.
+RESERVED_PREFIX = "phasegate."
 
 
 class WaitError(ValueError):
@@ -68,6 +71,9 @@ def signal_wait(name: str, timeout_s: float) -> Wait:
 def check_signal_name(name: object) -> str:
     if not isinstance(name, str) or not SIGNAL_NAME.match(name):
         raise WaitError("a signal name must be 1-100 chars of [A-Za-z0-9_.-]")
+    if name.startswith(RESERVED_PREFIX):
+        raise WaitError(f"signal names starting with {RESERVED_PREFIX!r} are reserved (review "
+                        "decisions: phasegate approve|reject, POST .../approve|reject)")
     return name
 
 

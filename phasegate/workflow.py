@@ -54,9 +54,11 @@ class Workflow:
                  tiers: Sequence[tuple[str, Grader]] = (),
                  concurrency_key: Callable[[Any], str] | None = None,
                  max_concurrency: int | None = None,
+                 rate: tuple[int, float] | None = None,
                  schedule: str | None = None, schedule_input: Any = None) -> None:
         """``concurrency_key(input) -> str`` with ``max_concurrency=N``: at most N runs per key
-        are past their start at once, the rest wait ``queued`` (docs/how-to/concurrency.md).
+        are past their start at once, the rest wait ``queued`` (docs/how-to/concurrency.md);
+        with ``rate=(N, seconds)``: at most N runs per key are admitted in any such window.
         ``schedule``: a cron expression (UTC); the orchestrator starts one run per tick with
         ``schedule_input`` (docs/how-to/schedules.md)."""
         if not _NAME.match(name):
@@ -66,8 +68,8 @@ class Workflow:
             raise WorkflowDefinitionError("schema_version must be >= 1")
         self.name = name
         self.schema_version = schema_version
-        self.concurrency_key, self.max_concurrency = _concurrency(
-            name, concurrency_key, max_concurrency)
+        self.concurrency_key, self.max_concurrency, self.rate = _concurrency(
+            name, concurrency_key, max_concurrency, rate)
         self.schedule, self.schedule_input = _schedule(name, schedule, schedule_input)
         self._phases: dict[str, Phase] = {}
         self._order: tuple[str, ...] = ()  # the phase names in order (next_phase)
@@ -191,19 +193,28 @@ class Workflow:
                f"phases={list(self._phases)})"
 
 
-def _concurrency(name: str, key: Callable[[Any], str] | None, limit: int | None
-                 ) -> tuple[Callable[[Any], str] | None, int]:
+def _concurrency(name: str, key: Callable[[Any], str] | None, limit: int | None,
+                 rate: Any) -> tuple[Callable[[Any], str] | None, int | None,
+                                    tuple[int, float] | None]:
     if key is None:
-        if limit is not None:
+        if limit is not None or rate is not None:
             raise WorkflowDefinitionError(
-                f"workflow {name!r}: max_concurrency needs a concurrency_key function")
-        return None, 0
+                f"workflow {name!r}: {'max_concurrency' if limit is not None else 'rate'} "
+                "needs a concurrency_key function")
+        return None, None, None
     if not callable(key):
         raise WorkflowDefinitionError(f"workflow {name!r}: concurrency_key must be callable")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if (limit is not None or rate is None) and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise WorkflowDefinitionError(
-            f"workflow {name!r}: concurrency_key needs max_concurrency, an int >= 1")
-    return key, limit
+            f"workflow {name!r}: concurrency_key needs max_concurrency, an int >= 1, "
+            "or rate=(N, seconds)")
+    from phasegate.concurrency import check_rate
+
+    try:
+        return key, limit, check_rate(rate)
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from None
 
 
 def _schedule(name: str, cron: str | None, input: Any) -> tuple[str | None, Any]:

@@ -45,6 +45,16 @@ async def only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+# -- at most two admissions per tenant in any three seconds, no cap on runs at once ----------
+
+paced = Workflow("paced", concurrency_key=tenant, rate=(2, 3.0))
+
+
+@paced.phase("go")
+async def go(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return state
+
+
 # -- a scheduled workflow (its schedule is the SDK's; the tests scan with injected times) ----
 
 nightly = Workflow("nightly", schedule="0 3 * * *", schedule_input={"report": "daily"})

@@ -187,6 +187,8 @@ class PhaseTransition:
             if isinstance(taken, concurrency.Refused):  # nothing was written
                 return await self.quarantine(message, Poison(
                     "concurrency_key", taken.reason, envelope.workflow_id))
+            if workflow.rate is not None:  # a wake-up may have admitted runs queued before it
+                await self.emit_admitted(envelope.workflow_id)
             if taken == "queued":  # its admission writes a new start message
                 log.info("queued")
                 return Settlement(Action.DELETE, "queued")

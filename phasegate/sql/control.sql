@@ -111,7 +111,8 @@ SELECT status, count(*)::bigint AS runs
 -- name: resume_run
 -- retry, restart, approve, reject: the run back to running under a new epoch, the message
 -- that resumes it in the outbox, and the action in the log -- one statement, applied only if
--- the run is still exactly as read ($2 status, $3 next_seq, $4 epoch).
+-- the run is still exactly as read ($2 status, $3 next_seq, $4 epoch). A timer row the run
+-- left unsent (a wait it failed in, 0010) is deleted: the resuming message replaces it.
 WITH run AS (
     UPDATE workflow_runs
        SET status = 'running', attempts = 0, error = NULL, epoch = epoch + 1,
@@ -120,6 +121,10 @@ WITH run AS (
            schema_version = coalesce($7, schema_version)
      WHERE workflow_id = $1 AND status = $2 AND next_seq = $3 AND epoch = $4
     RETURNING workflow_id, next_seq, epoch
+), disarmed AS (
+    DELETE FROM outbox o USING run
+     WHERE o.workflow_id = run.workflow_id AND o.sent_at IS NULL AND o.due_at IS NOT NULL
+       AND o.seq > 0
 ), ob AS (
     INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
     SELECT workflow_id, 'main', next_seq, $8, $9, $10 FROM run
@@ -132,12 +137,20 @@ SELECT (SELECT outbox_id FROM ob) AS outbox_id;
 
 -- name: cancel_run
 -- A phase running now will fail its commit condition (status = 'running') and change nothing.
+-- A waiting run's timer row (its successor, due later: 0010) is deleted with the cancel, so
+-- nothing is sent at its due time. Only rows of a wait (seq > 0): a rate limit's wake-up
+-- (seq 0, 0014) wakes its key's whole queue and stays. A row the relay is sending at this very
+-- instant still arrives, and the worker drops it (the run is cancelled).
 WITH run AS (
     UPDATE workflow_runs
        SET status = 'cancelled', updated_at = now(), finished_at = now(), due_at = NULL,
            waiting_for = NULL
      WHERE workflow_id = $1 AND status = $2
     RETURNING workflow_id, next_seq, epoch
+), disarmed AS (
+    DELETE FROM outbox o USING run
+     WHERE o.workflow_id = run.workflow_id AND o.sent_at IS NULL AND o.due_at IS NOT NULL
+       AND o.seq > 0
 ), act AS (
     INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
     SELECT workflow_id, 'cancel', $2, next_seq, epoch, $3, $4 FROM run

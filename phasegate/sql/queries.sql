@@ -76,8 +76,10 @@ LEFT JOIN LATERAL (
     ORDER BY e.checkpoint_id DESC LIMIT 1
 ) e ON true
 LEFT JOIN LATERAL (
+    -- Review decisions (phasegate.*, 0014) are the door's, never ctx.signal.
     SELECT payload FROM signals s
     WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = run.next_seq
+      AND s.name NOT LIKE 'phasegate.%'
     LIMIT 1
 ) s ON true;
 
@@ -138,7 +140,7 @@ SELECT b.i, run.*,
   LEFT JOIN LATERAL (
     SELECT payload FROM signals s
      WHERE s.workflow_id = b.workflow_id AND b.branch = 'main'
-       AND s.consumed_seq = run.next_seq
+       AND s.consumed_seq = run.next_seq AND s.name NOT LIKE 'phasegate.%'
      LIMIT 1
   ) s ON true;
 
@@ -459,16 +461,24 @@ SELECT batch_id FROM deliveries
 -- What a phase of a workflow with tiers or a version fetcher needs beyond load_for_phase, in
 -- one round trip: the door it enters by (the checkpoint at seq - 1: how it ended, what it
 -- re-ran, its staleness envelope and age in database time), the operator's review decision
--- for this seq (control_actions, written by approve/reject under the run's current epoch),
--- the last review raised, and how many attempts the door's phase has had so far.
+-- for this seq (the signal phasegate.approve / phasegate.reject delivered to it under the
+-- run's current epoch, 0014), the last review raised, and how many attempts the door's phase
+-- has had so far. A decision written by an orchestrator of the previous release has no signal,
+-- only its control_actions row: read that when there is no signal.
 SELECT r.base_seq, r.epoch, r.review::text AS review,
        c.phase AS door_phase, c.outcome AS door_outcome, c.rerun_of AS door_rerun_of,
        c.resource_versions::text AS resource_versions,
        extract(epoch FROM now() - c.created_at)::float8 AS age_s,
-       (SELECT a.action FROM control_actions a
-         WHERE a.workflow_id = r.workflow_id AND a.seq = $3 AND a.epoch = r.epoch
-           AND a.action IN ('approve', 'reject')
-         ORDER BY a.action_id DESC LIMIT 1) AS decision,
+       coalesce(
+         (SELECT substr(s.name, length('phasegate.') + 1) FROM signals s
+           WHERE s.workflow_id = r.workflow_id AND s.consumed_seq = $3
+             AND s.consumed_epoch = r.epoch
+             AND s.name LIKE 'phasegate.%' AND s.name IN ('phasegate.approve', 'phasegate.reject')
+           ORDER BY s.signal_id DESC LIMIT 1),
+         (SELECT a.action FROM control_actions a
+           WHERE a.workflow_id = r.workflow_id AND a.seq = $3 AND a.epoch = r.epoch
+             AND a.action IN ('approve', 'reject')
+           ORDER BY a.action_id DESC LIMIT 1)) AS decision,
        (SELECT count(*) FROM checkpoints k
          WHERE k.workflow_id = r.workflow_id AND k.branch = $2 AND k.kind = 'phase'
            AND k.seq < $3

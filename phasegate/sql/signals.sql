@@ -3,7 +3,8 @@
 -- The lock serialises signals of one run with each other and with the phase commit.
 
 -- name: lock_run
-SELECT status, next_seq, waiting_for, (due_at > now()) AS before_due
+SELECT status, next_seq, waiting_for, (due_at > now()) AS before_due, workflow,
+       current_phase, epoch, region
   FROM workflow_runs
  WHERE workflow_id = $1
    FOR UPDATE;
@@ -30,6 +31,33 @@ INSERT INTO signals (workflow_id, name, payload, idempotency_key, consumed_seq, 
 VALUES ($1, $2, $3::jsonb, $4, $5, CASE WHEN $5::int IS NOT NULL THEN now() END, $6)
 ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING signal_id;
+
+-- name: decide
+-- A review decision (0014): the signal phasegate.approve / phasegate.reject ($7), delivered to
+-- the run's next seq under the epoch it starts, with what every resume writes: the run back to
+-- running under that epoch, the message that resumes it (its dedup id carries the epoch), the
+-- action in control_actions. Under the run's lock (lock_run); applied only if the run is still
+-- awaiting review at next_seq $2 and epoch $3.
+WITH run AS (
+    UPDATE workflow_runs
+       SET status = 'running', attempts = 0, error = NULL, epoch = epoch + 1,
+           updated_at = now(), finished_at = NULL
+     WHERE workflow_id = $1 AND status = 'awaiting_review' AND next_seq = $2 AND epoch = $3
+    RETURNING workflow_id, next_seq, epoch
+), ob AS (
+    INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
+    SELECT workflow_id, 'main', next_seq, $4, $5, $6 FROM run
+    RETURNING outbox_id, dedup_id, group_id, body
+), sig AS (
+    INSERT INTO signals (workflow_id, name, payload, idempotency_key, consumed_seq,
+                         consumed_epoch, consumed_at, actor)
+    SELECT workflow_id, $7, $8::jsonb, $9, next_seq, epoch, now(), $10 FROM run
+    RETURNING signal_id
+), act AS (
+    INSERT INTO control_actions (workflow_id, action, from_status, seq, epoch, reason, actor)
+    SELECT workflow_id, $11, 'awaiting_review', next_seq, epoch, $12, $10 FROM run
+)
+SELECT ob.outbox_id, ob.dedup_id, ob.group_id, ob.body, sig.signal_id FROM ob, sig;
 
 -- name: list
 SELECT signal_id, name, idempotency_key, consumed_seq, actor, created_at, consumed_at
@@ -72,10 +100,11 @@ RETURNING r.workflow_id;
 
 -- name: due_soon
 -- The exporter's phasegate_timers_due_soon: waiting runs whose row falls due within $1
--- seconds or is due and not sent yet (the fleet should be awake for them). A cancelled run's
--- row is not counted: its message would only be dropped.
+-- seconds or is due and not sent yet (the fleet should be awake for them), and queued runs'
+-- rate-limit wake-ups (0014: the worker that receives one admits the key's queue). A
+-- cancelled run's row is not counted: its message would only be dropped.
 SELECT count(*)::bigint
   FROM outbox o
-  JOIN workflow_runs r ON r.workflow_id = o.workflow_id AND r.status = 'waiting'
+  JOIN workflow_runs r ON r.workflow_id = o.workflow_id AND r.status IN ('waiting', 'queued')
  WHERE o.sent_at IS NULL AND o.due_at IS NOT NULL
    AND o.due_at <= now() + make_interval(secs => $1);

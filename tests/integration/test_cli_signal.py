@@ -3,7 +3,9 @@ directly (the API path is the same Control.signal, tested in test_signals.py).""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -48,8 +50,14 @@ def test_inspect_shows_the_wait_and_signal_delivers_it(cli: Any, settings: Setti
     add_waiting_run(settings, "w-1")
     shown = cli("inspect", "w-1")
     assert shown.exit_code == 0
-    assert "waiting" in shown.output and "due:" in shown.output
-    assert "waits for 'approval'" in shown.output
+    assert "status:    waiting" in shown.output
+    due = value(settings, "SELECT due_at FROM workflow_runs")
+    assert f"due_at:    {due.astimezone(UTC).isoformat(timespec='seconds')}" \
+        in shown.output
+    assert "waiting_for: approval" in shown.output
+    as_json = json.loads(cli("inspect", "w-1", "-o", "json").output)["run"]
+    assert (as_json["status"], as_json["waiting_for"]) == ("waiting", "approval")
+    assert datetime.fromisoformat(as_json["due_at"]) == due
     result = cli("signal", "w-1", "approval", "--payload", '{"ok": true}',
                  "--idempotency-key", "t-1")
     assert result.exit_code == 0, result.output

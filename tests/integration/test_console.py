@@ -262,6 +262,19 @@ async def test_unknown_statuses_render_generically(console: Console) -> None:
         assert "/ui/runs/r-new/cancel" not in page.text  # no rule allows it: no button
 
 
+async def test_a_waiting_run_shows_its_due_time_and_signal(console: Console) -> None:
+    await add_run(console.dsn, "r-wait", "waiting", phase="held")
+    due = await fetchval(console.dsn, "UPDATE workflow_runs SET due_at = now() + interval "
+                         "'1 hour', waiting_for = 'approval' WHERE workflow_id = 'r-wait' "
+                         "RETURNING due_at")
+    async with console.session("ada") as client:
+        page = await client.get("/ui/runs/r-wait")
+    assert page.status_code == 200
+    assert f'datetime="{due.isoformat()}"' in page.text
+    assert f"{due.isoformat(timespec='seconds')}</time> (UTC)" in page.text
+    assert "signal <code>approval</code>" in page.text
+
+
 @pytest.mark.timeout(120)
 async def test_pages_on_100k_runs(console: Console) -> None:
     await fetch(console.dsn, """

@@ -179,12 +179,17 @@ async def test_send_signal_python_call(client: httpx.AsyncClient, settings: Sett
     ("/v1/workflows/sig-5/signals/approval", {"payload": "nul \u0000"}, 422),
     ("/v1/workflows/sig-5/signals/approval", {"payload": 1, "idempotency_key": ""}, 422),
     ("/v1/workflows/sig-5/signals/approval", {"payload": 1, "extra": True}, 200),
+    # Review decisions are reserved: approve/reject send them (test_tiers.py).
+    ("/v1/workflows/sig-5/signals/phasegate.approve", {"payload": {"reason": "x"}}, 422),
+    ("/v1/workflows/sig-5/signals/phasegate.reject", {}, 422),
 ])
 async def test_signal_refusals(client: httpx.AsyncClient, settings: Settings, path: str,
                                body: dict[str, Any], status: int) -> None:
     await start(client, "sig-5", timeout_s=3600)
     response = await client.post(path, json=body)
     assert response.status_code == status, response.text
+    if "phasegate." in path:
+        assert "reserved" in response.json()["detail"]
     kept = await fetchval(settings.database_url or "", "SELECT count(*) FROM signals")
     assert kept == (1 if status == 200 else 0)  # nothing stored for a refusal
 

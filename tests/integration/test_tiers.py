@@ -3,10 +3,13 @@ are decided through the orchestrator's control plane (approve / reject)."""
 
 from __future__ import annotations
 
+import pytest
+
+from phasegate.signals import NotUnderReview, SignalError, send_decision
 from phasegate.steps import idempotency_key
 from phasegate.workflow import Registry
 from tests import workflows_room
-from tests.helpers import all_done, running_worker, wait_for
+from tests.helpers import all_done, fetch, queue_for, running_worker, store_for, wait_for
 from tests.room_helpers import (  # noqa: F401 (fixtures)
     api_fixture,
     checkpoints,
@@ -117,3 +120,55 @@ async def test_a_review_of_the_last_phase_completes_on_approve_and_reruns_on_rej
     assert [r["tier"] for r in await checkpoints(settings, kept)] == [1, 2]
     assert await notes(settings, redone, "final") == ["1", "2"]
     assert [r["tier"] for r in await checkpoints(settings, redone)] == [1, 2, 3]
+
+
+async def test_a_review_decision_is_a_signal_that_the_door_follows(settings, api):
+    """approve/reject deliver a reserved signal (its payload the reason) to the run's next seq
+    under the new epoch, once per idempotency key; the door follows that signal, not the
+    audit row next to it."""
+    dsn = settings.database_url
+    wid = await start(settings, workflows_room.tier_escalate, {"pass_on": 2})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        for action, reason in (("maybe", None), ("approve", "nul \u0000")):
+            with pytest.raises(SignalError) as refused:  # nothing is stored for either
+                await send_decision(store.pool, wid, action, reason, queue=queue)
+            assert refused.value.status_code == 422
+        first = await send_decision(store.pool, wid, "reject", "draft again",
+                                    idempotency_key="ticket-1", queue=queue, actor="test")
+        again = await send_decision(store.pool, wid, "reject", "draft again",
+                                    idempotency_key="ticket-1", queue=queue, actor="test")
+        assert first.delivered and first.sent and not first.duplicate
+        assert again.duplicate and again.signal_id == first.signal_id
+        with pytest.raises(NotUnderReview):  # no key: a second decision finds it running
+            await send_decision(store.pool, wid, "approve", queue=queue)
+    signals = await fetch(dsn, "SELECT name, payload::text, consumed_seq, consumed_epoch, "
+                          "actor FROM signals WHERE workflow_id = $1", wid)
+    assert [tuple(r) for r in signals] == [
+        ("phasegate.reject", '{"reason": "draft again"}', 1, 1, "test")]
+    actions = await fetch(dsn, "SELECT action, from_status, seq, epoch, reason FROM "
+                          "control_actions WHERE workflow_id = $1", wid)
+    assert [tuple(a) for a in actions] == [("reject", "awaiting_review", 1, 1, "draft again")]
+    # The door reads the signal: an audit row saying otherwise changes nothing.
+    await fetch(dsn, "UPDATE control_actions SET action = 'approve' WHERE workflow_id = $1", wid)
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(dsn, [wid]), what="completed")
+    assert await notes(settings, wid, "work") == ["1", "2"]  # rejected: the phase ran again
+
+
+async def test_a_decision_of_the_previous_release_is_still_followed(settings, api):
+    """An orchestrator of the previous release (0013) recorded decisions only in
+    control_actions; a run resumed that way during an upgrade is still decided right."""
+    from phasegate.orchestrator.control import RULES, Control
+
+    dsn = settings.database_url
+    wid = await start(settings, workflows_room.tier_escalate, {"pass_on": 2})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(status_is(settings, wid, "awaiting_review"), what="awaiting_review")
+        async with store_for(dsn) as store, queue_for(settings) as queue:
+            # The previous release's approve/reject: the generic resume, no signal.
+            await Control(store.pool, queue, None)._resume(RULES["reject"], wid, "old")
+        await wait_for(lambda: all_done(dsn, [wid]), what="completed")
+    assert await fetch(dsn, "SELECT 1 FROM signals WHERE workflow_id = $1", wid) == []
+    assert await notes(settings, wid, "work") == ["1", "2"]

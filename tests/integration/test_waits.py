@@ -143,6 +143,8 @@ async def test_crash_between_commit_and_timer_send_still_delivers_when_due(
 
 async def test_waiting_run_shows_due_at_and_a_cancel_means_its_next_phase_never_runs(
         settings: Settings) -> None:
+    """Cancel deletes the waiting run's timer row in its own transaction: nothing reaches SQS
+    at the due time (the relay finds nothing to claim), and the next phase never runs."""
     dsn = settings.database_url or ""
     wid = await start(settings, {"wait_s": 1})
     async with store_for(dsn) as store, queue_for(settings) as queue:
@@ -152,13 +154,39 @@ async def test_waiting_run_shows_due_at_and_a_cancel_means_its_next_phase_never_
             run = await control.views.get_run(wid)
             assert run.status == "waiting" and run.due_at is not None
             assert run.waiting_for is None
+            due = await fetchval(dsn, "SELECT due_at FROM outbox WHERE seq = 1")
             assert (await control.cancel(wid, "no longer needed")).run.status == "cancelled"
-            async with running_relay(settings) as relay:
-                # The relay sends the row when due; the worker drops it (the run is cancelled).
-                await wait_for(lambda: _relayed(relay), what="due row sent")
-                await wait_for(lambda: _drained(worker), what="message consumed")
+            assert await fetchval(dsn, "SELECT count(*) FROM outbox WHERE workflow_id = $1 "
+                                  "AND sent_at IS NULL", wid) == 0
+            await wait_for(lambda: _database_time_after(dsn, due), what="the due time passed")
+            relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s)
+            assert await relay.relay_once() == 0  # nothing to send, now or later
+            await wait_for(lambda: _drained(worker), what="queue empty")
     assert await invocations(dsn) == {"a": 1}
     assert await fetchval(dsn, "SELECT status FROM workflow_runs") == "cancelled"
+    assert await fetchval(dsn, "SELECT count(*) FROM outbox WHERE seq = 1") == 0
+
+
+async def test_retry_of_a_run_that_failed_while_waiting_drops_its_timer_row(
+        settings: Settings) -> None:
+    """A waiting run can end failed (``fail_run``: a message of it was quarantined after
+    repeated crashes; set directly here). Its retry's resuming message replaces the old timer
+    row, which is never sent."""
+    dsn = settings.database_url or ""
+    wid = await start(settings, {"wait_s": 3600})
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        async with running_worker(settings, REGISTRY):
+            await wait_for(lambda: waiting(dsn, wid, 1), what="run waiting")
+        await fetchval(dsn, "UPDATE workflow_runs SET status = 'failed', finished_at = now() "
+                       "WHERE workflow_id = $1 RETURNING 1", wid)
+        control = Control(store.pool, queue, REGISTRY, actor="test")
+        assert (await control.retry(wid)).run.status == "running"
+    rows = await fetch(dsn, "SELECT due_at IS NULL AS plain FROM outbox WHERE seq = 1")
+    assert [r["plain"] for r in rows] == [True]  # only the resuming message is left
+
+
+async def _database_time_after(dsn: str, moment: object) -> bool:
+    return bool(await fetchval(dsn, "SELECT now() > $1::timestamptz", moment))
 
 
 async def test_a_late_duplicate_of_the_waiting_phase_does_not_send_its_successor_early(

@@ -127,10 +127,26 @@ def test_a_workflows_own_schedule_and_settings_schedules_combine():
     ({"concurrency_key": str, "max_concurrency": 0}, "needs max_concurrency, an int >= 1"),
     ({"concurrency_key": str, "max_concurrency": True}, "needs max_concurrency"),
     ({"concurrency_key": "tenant", "max_concurrency": 1}, "must be callable"),
+    ({"rate": (2, 3.0)}, "rate needs a concurrency_key"),
+    ({"concurrency_key": str, "rate": 5}, "rate must be a pair"),
+    ({"concurrency_key": str, "rate": (0, 3.0)}, "rate's N must be an int >= 1"),
+    ({"concurrency_key": str, "rate": (True, 3.0)}, "rate's N must be an int >= 1"),
+    ({"concurrency_key": str, "rate": (2, 0)}, "rate's seconds must be a number in"),
+    ({"concurrency_key": str, "rate": (2, float("nan"))}, "rate's seconds must be"),
+    ({"concurrency_key": str, "rate": (2, 86401)}, "rate's seconds must be"),
+    ({"concurrency_key": str, "max_concurrency": 0, "rate": (2, 3.0)}, "an int >= 1"),
 ])
 def test_bad_flow_control_definitions_fail_at_definition_time(kwargs, problem):
     with pytest.raises(WorkflowDefinitionError, match=problem):
         Workflow("w", **kwargs)
+
+
+def test_a_rate_alone_or_with_a_cap():
+    paced = Workflow("paced", concurrency_key=str, rate=(2, 3))
+    assert (paced.max_concurrency, paced.rate) == (None, (2, 3.0))
+    both = Workflow("both", concurrency_key=str, max_concurrency=4, rate=[10, 60.0])
+    assert (both.max_concurrency, both.rate) == (4, (10, 60.0))
+    assert Workflow("plain").rate is None
 
 
 def test_cron_expressions_are_normalised():

@@ -115,3 +115,14 @@ def test_demo_display_redraws_a_live_region_on_a_terminal() -> None:
     assert plain.index("done 1/4") < plain.index("SIGKILL worker pid 123") < plain.rindex(
         "done 4/4")
     assert plain.rstrip().endswith("done 4/4")  # the last frame stays on screen
+
+
+def test_due_at_is_printed_in_utc_whatever_the_source() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    # The API's JSON (pydantic writes UTC as Z), another offset, the database's datetime.
+    assert render.utc_iso("2026-12-01T12:00:00.5Z") == "2026-12-01T12:00:00+00:00"
+    assert render.utc_iso("2026-12-01T13:00:00+01:00") == "2026-12-01T12:00:00+00:00"
+    east = datetime(2026, 12, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert render.utc_iso(east) == "2026-12-01T12:00:00+00:00"
+    assert render.utc_iso(datetime(2026, 12, 1, 12, 0, tzinfo=UTC)).endswith("+00:00")

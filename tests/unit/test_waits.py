@@ -58,6 +58,8 @@ def test_wait_for_signal_and_its_refusals() -> None:
         c.defer_next(1)
     with pytest.raises(WaitError, match="signal name"):
         ctx().wait_for_signal("no spaces", timeout_s=1)
+    with pytest.raises(WaitError, match=r"'phasegate\.' are reserved"):
+        ctx().wait_for_signal("phasegate.approve", timeout_s=1)
     with pytest.raises(WaitError, match="between 0 and"):
         ctx().wait_for_signal("x", timeout_s=-1)
     with pytest.raises(WaitError, match="main chain"):
