@@ -13,6 +13,8 @@ I6 every fault kind in the schedule actually fired (counted);
 I7 the run drained within a bound after the last fault;
 I8 (``--branching``) every chaos-tree run has exactly its 7 chains' checkpoints, each of its 3
    forks fanned in once (one merge message, on the fork's parent chain) and saw every leaf.
+I9 every run that has not ended has its position (run_positions, migration 0017) equal to its
+   run row, and no other run has one: the stall report and the relay see the runs as they are.
 
 I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """
@@ -75,6 +77,7 @@ async def check_all(dsn: str, *, started: list[str], ledger: Ledger,
             "SELECT workflow_id, parent_branch, fork_seq, status, resolution FROM forks")
         merges = await connection.fetch(
             "SELECT workflow_id, branch, seq FROM outbox WHERE body LIKE '%\"kind\":\"merge\"%'")
+        stray_positions = await connection.fetch(STRAY_POSITIONS)
     finally:
         await connection.close()
     chains: dict[str, list[asyncpg.Record]] = defaultdict(list)
@@ -89,6 +92,7 @@ async def check_all(dsn: str, *, started: list[str], ledger: Ledger,
         i5_poison_quarantined(poisons, quarantine, runs),
         i6_faults_fired(faults_expected, faults_fired),
         i7_drained(drain_s, drain_bound_s),
+        i9_positions_match([r["workflow_id"] for r in stray_positions]),
     ]
     trees = [w for w in started if is_tree(w)]
     if trees:
@@ -219,6 +223,24 @@ def i7_drained(drain_s: float | None, bound_s: float) -> Result:
     shown = "never drained" if drain_s is None else f"{drain_s:.1f}s"
     return Result("I7 drained within the bound after the last fault", ok,
                   f"{shown} after the last fault (bound {bound_s:.0f}s)")
+
+
+# Runs whose position differs from their run row, lacks, or should not exist (ended runs).
+STRAY_POSITIONS = """
+SELECT coalesce(r.workflow_id, p.workflow_id) AS workflow_id
+  FROM (SELECT * FROM workflow_runs
+         WHERE status NOT IN ('completed', 'failed', 'cancelled')) r
+  FULL JOIN run_positions p USING (workflow_id)
+ WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label, r.updated_at)
+       IS DISTINCT FROM
+       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label, p.updated_at)
+"""
+
+
+def i9_positions_match(stray: list[str]) -> Result:
+    return Result("I9 every live run's position matches its run row, no other run has one",
+                  not stray, f"{len(stray)} runs disagree"
+                  + (f": {_sample(stray)}" if stray else ""))
 
 
 def i8_trees_merged_once(trees: list[str], chains: dict[str, list[asyncpg.Record]],

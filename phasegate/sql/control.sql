@@ -40,10 +40,12 @@ SELECT action_id, action, from_status, seq, epoch, reason, actor, created_at
 -- name: stalls
 -- Unfinished runs untouched for longer than $1 seconds, by workflow x phase x tier x status.
 -- Every checkpoint commit touches the run row (updated_at), so "untouched" means no
--- checkpoint, no failed attempt and no operator action in that time.
+-- checkpoint, no failed attempt and no operator action in that time. Read from
+-- run_positions (0017: the runs that have not ended, kept equal to their run rows), scanned
+-- whole: no index on updated_at, so the commit's update of the run row stays HOT.
 SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS runs,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
-  FROM workflow_runs
+  FROM run_positions
  WHERE status IN ('pending', 'running', 'awaiting_review')
    AND updated_at < now() - make_interval(secs => $1)
  GROUP BY workflow, current_phase, tier, tier_label, status
@@ -51,13 +53,17 @@ SELECT workflow, current_phase AS phase, tier, tier_label, status, count(*) AS r
  LIMIT $2;
 
 -- name: summary
--- The status table: unfinished and stopped runs by phase and tier; runs completed or
+-- The status table: unfinished and stopped runs by phase and tier (run_positions holds every
+-- run that has not ended, 0017; failed runs come from workflow_runs); runs completed or
 -- cancelled in the last $1 seconds only counted per workflow.
 SELECT status, workflow, current_phase AS phase, tier, tier_label, count(*) AS runs,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_age_s
-  FROM workflow_runs
- WHERE status IN ('pending', 'running', 'awaiting_review', 'failed', 'needs_restart', 'queued',
-                  'waiting')
+  FROM (SELECT status, workflow, current_phase, tier, tier_label, updated_at
+          FROM run_positions
+        UNION ALL
+        SELECT status, workflow, current_phase, tier, tier_label, updated_at
+          FROM workflow_runs
+         WHERE status = 'failed') live
  GROUP BY status, workflow, current_phase, tier, tier_label
 UNION ALL
 SELECT status, workflow, NULL, NULL, NULL, count(*), NULL

@@ -358,10 +358,11 @@ UPDATE outbox SET lease_holder = NULL, lease_until = NULL
 -- as long ago. SQS lost that message, or something deleted it unprocessed ("a lost message
 -- must never lose work"). The row becomes unsent again under a new deduplication id (SQS
 -- would drop the old one for 5 minutes), so the relay sends it once more; if the first copy
--- was not lost after all, the worker sees a duplicate by seq.
+-- was not lost after all, the worker sees a duplicate by seq. The runs come from
+-- run_positions (0017): no index on updated_at, so the phase commit's update stays HOT.
 WITH stalled AS (
     SELECT o.outbox_id
-      FROM workflow_runs r
+      FROM run_positions r
       JOIN LATERAL (
           SELECT outbox_id, sent_at FROM outbox o
            WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq

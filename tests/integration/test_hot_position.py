@@ -1,0 +1,158 @@
+"""The hot position (migration 0017): a plain commit updates its run row HOT, alone and under
+group commit; run_positions follows every write of a run, whoever makes it; the migration on
+a populated database, twice."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from bench.lean_commit import BEFORE_VERSION, measure
+from phasegate.migrate import migrate
+from phasegate.sql import migration_files
+from tests.helpers import fetch, fetchval
+from tests.integration.test_access import denied, login_user
+
+ENDED = ("completed", "failed", "cancelled")
+# Every run that has not ended, as its position should read; and any position that has no
+# such run or differs from it.
+DISAGREEMENTS = """
+SELECT coalesce(r.workflow_id, p.workflow_id) AS workflow_id
+  FROM (SELECT workflow_id, workflow, status, next_seq, current_phase, tier, tier_label,
+               updated_at
+          FROM workflow_runs WHERE status NOT IN ('completed', 'failed', 'cancelled')) r
+  FULL JOIN run_positions p USING (workflow_id)
+ WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label, r.updated_at)
+       IS DISTINCT FROM
+       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label, p.updated_at)
+"""
+
+
+@pytest.mark.parametrize("path", ["single", "group"])
+async def test_plain_commits_update_the_run_row_and_its_position_hot(database_url, path):
+    figures = await measure(database_url, runs=4, phases=12, grouped=path == "group")
+    assert figures["committed"] == 48
+    if path == "group":
+        assert figures["grouped_statements"] > 0  # commit_phases ran, not only commit_phase
+    # No index names a column that a plain commit changes...
+    assert set(figures["changed_columns"]) >= {"next_seq", "current_phase", "updated_at"}
+    assert figures["blocking_indexes"] == {}
+    # ...so (pages having room: fillfactor) every update of both rows is HOT.
+    for table in ("workflow_runs", "run_positions"):
+        counted = figures["tables"][table]
+        assert counted["updates"] == 48, (table, figures["tables"])
+        assert counted["hot_updates"] >= 45, (table, figures["tables"])
+    assert await fetch(database_url, DISAGREEMENTS) == []
+
+
+async def test_before_the_migration_no_commit_was_hot(empty_database_url):
+    """The same measurement on the schema before 0017: it sees what made every update
+    non-HOT (so the test above could fail)."""
+    await migrate(empty_database_url, target=BEFORE_VERSION)
+    figures = await measure(empty_database_url, runs=2, phases=5, grouped=False)
+    assert figures["tables"]["workflow_runs"] == {"updates": 10, "hot_updates": 0,
+                                                  "hot_ratio": 0.0}
+    assert set(figures["blocking_indexes"]) == {"workflow_runs_stall_idx",
+                                                "workflow_runs_phase_created_idx"}
+
+
+async def test_positions_follow_every_write_of_a_run(database_url):
+    connection = await asyncpg.connect(database_url)
+    try:
+        async def positions() -> dict[str, tuple[str, int, str | None]]:
+            assert await connection.fetch(DISAGREEMENTS) == []
+            rows = await connection.fetch(
+                "SELECT workflow_id, status, next_seq, current_phase FROM run_positions")
+            return {r["workflow_id"]: (r["status"], r["next_seq"], r["current_phase"])
+                    for r in rows}
+
+        await connection.execute(
+            "INSERT INTO workflow_runs (workflow_id, workflow, schema_version, current_phase) "
+            "VALUES ('p-1', 'w', 1, 'a'), ('p-2', 'w', 1, 'a')")
+        await connection.execute(
+            "INSERT INTO workflow_runs (workflow_id, workflow, schema_version, status, "
+            "finished_at) VALUES ('p-done', 'w', 1, 'completed', now())")
+        assert await positions() == {"p-1": ("pending", 0, "a"), "p-2": ("pending", 0, "a")}
+        await connection.execute("UPDATE workflow_runs SET status = 'running', next_seq = 3, "
+                                 "current_phase = 'b' WHERE workflow_id = 'p-1'")
+        # A write that touches only the tier (an operator's SQL) moves the position too.
+        await connection.execute("UPDATE workflow_runs SET tier = 2, tier_label = 'found' "
+                                 "WHERE workflow_id = 'p-1'")
+        assert (await positions())["p-1"] == ("running", 3, "b")
+        # Ended: the position goes; resumed (a retry): it comes back.
+        await connection.execute("UPDATE workflow_runs SET status = 'failed' "
+                                 "WHERE workflow_id = 'p-1'")
+        assert set(await positions()) == {"p-2"}
+        await connection.execute("UPDATE workflow_runs SET status = 'running', "
+                                 "updated_at = now() WHERE workflow_id = 'p-1'")
+        assert (await positions())["p-1"] == ("running", 3, "b")
+        # A write that moves nothing the position holds writes nothing there (the
+        # backend's own counters, read in one transaction: nothing is published meanwhile).
+        counted = ("SELECT n_tup_upd FROM pg_stat_xact_user_tables "
+                   "WHERE relname = 'run_positions'")
+        async with connection.transaction():
+            before = await connection.fetchval(counted)
+            await connection.execute("UPDATE workflow_runs SET attempts = 1, error = 'e' "
+                                     "WHERE workflow_id = 'p-2'")
+            assert await connection.fetchval(counted) == before
+            await connection.execute("UPDATE workflow_runs SET next_seq = 1 "
+                                     "WHERE workflow_id = 'p-2'")
+            assert await connection.fetchval(counted) == before + 1
+        await connection.execute("DELETE FROM workflow_runs WHERE workflow_id = 'p-2'")
+        assert set(await positions()) == {"p-1"}
+    finally:
+        await connection.close()
+
+
+async def test_no_role_writes_positions_but_the_triggers(database_url):
+    async with login_user(database_url, "phasegate_worker") as worker_dsn:
+        connection = await asyncpg.connect(worker_dsn)
+        try:
+            # The worker writes runs; the trigger writes their positions with its owner's
+            # rights. Writing a position directly is refused.
+            await connection.execute(
+                "INSERT INTO workflow_runs (workflow_id, workflow, schema_version) "
+                "VALUES ('r-1', 'w', 1)")
+            await connection.execute("UPDATE workflow_runs SET status = 'running' "
+                                     "WHERE workflow_id = 'r-1'")
+            assert await connection.fetchval(
+                "SELECT status FROM run_positions WHERE workflow_id = 'r-1'") == "running"
+            assert await denied(connection, "UPDATE run_positions SET status = 'pending'")
+            assert await denied(connection, "DELETE FROM run_positions")
+            assert await denied(connection, "INSERT INTO run_positions VALUES "
+                                "('x', 'w', 'running', 0, NULL, NULL, NULL, now())")
+        finally:
+            await connection.close()
+
+
+async def test_the_migration_on_a_populated_database_twice(empty_database_url):
+    await migrate(empty_database_url, target=BEFORE_VERSION)
+    statuses = ["pending", "running", "awaiting_review", "needs_restart", "waiting", "queued",
+                *ENDED]
+    connection = await asyncpg.connect(empty_database_url)
+    try:
+        await connection.executemany(
+            "INSERT INTO workflow_runs (workflow_id, workflow, schema_version, status, "
+            "next_seq, current_phase, tier, tier_label, updated_at) "
+            "VALUES ($1, 'w', 1, $2, $3, 'ph', 1, 't', now() - interval '1 hour')",
+            [(f"m-{s}", s, i) for i, s in enumerate(statuses)])
+        report = await migrate(empty_database_url)
+        assert report.applied[-1] == "0017_hot_position"
+        assert await connection.fetch(DISAGREEMENTS) == []
+        unfinished = {f"m-{s}" for s in statuses if s not in ENDED}
+        assert {r["workflow_id"] for r in await connection.fetch(
+            "SELECT workflow_id FROM run_positions")} == unfinished
+        # Idempotent: the same file again changes nothing and fails nothing.
+        sql = next(text for version, _, text in migration_files() if version == 17)
+        async with connection.transaction():
+            await connection.execute(sql)
+        assert await connection.fetch(DISAGREEMENTS) == []
+        assert await connection.fetchval("SELECT count(*) FROM run_positions") == len(unfinished)
+        indexes = {r["indexname"] for r in await connection.fetch(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'workflow_runs'")}
+        assert not indexes & {"workflow_runs_stall_idx", "workflow_runs_phase_created_idx"}
+        assert "fillfactor=70" in await fetchval(
+            empty_database_url,
+            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'workflow_runs'")
+    finally:
+        await connection.close()
