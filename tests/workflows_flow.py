@@ -55,6 +55,16 @@ async def go(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+# The same with a window long enough that no load on the test machine lets it pass between
+# two steps of a test that needs runs to stay queued.
+paced_slowly = Workflow("paced_slowly", concurrency_key=tenant, rate=(2, 15.0))
+
+
+@paced_slowly.phase("go")
+async def go_slowly(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return state
+
+
 # -- a scheduled workflow (its schedule is the SDK's; the tests scan with injected times) ----
 
 nightly = Workflow("nightly", schedule="0 3 * * *", schedule_input={"report": "daily"})

@@ -16,7 +16,7 @@ from phasegate.orchestrator.views import Views
 from phasegate.workflow import Registry
 from tests.helpers import all_done, fetch, fetchval, queue_for, running_worker, store_for, wait_for
 from tests.integration.test_waits import running_relay
-from tests.workflows_flow import paced
+from tests.workflows_flow import paced, paced_slowly
 
 RUNS = 10
 RATE, WINDOW_S = 2, 3.0
@@ -60,15 +60,16 @@ async def test_ten_runs_with_rate_two_per_three_seconds(settings) -> None:
 
 async def test_a_cancelled_head_of_the_queue_still_wakes_the_rest(settings) -> None:
     """The wake-up row belongs to the head of the queue; cancelling that run keeps the row
-    (cancel removes only a wait's rows), and its arrival admits the next queued run."""
+    (cancel removes only a wait's rows), and its arrival admits the next queued run. A 15 s
+    window: a loaded machine must not let it pass before the queue is looked at."""
     dsn = settings.database_url
     ids: list[str] = []
     async with store_for(dsn) as store, queue_for(settings) as queue:
         for i in range(RATE + 2):
-            started = await start_workflow(store, queue, workflow=paced,
+            started = await start_workflow(store, queue, workflow=paced_slowly,
                                            input={"tenant": "solo", "i": i})
             ids.append(started.workflow_id)
-        async with running_worker(settings, Registry([paced])):
+        async with running_worker(settings, Registry([paced_slowly])):
             await wait_for(lambda: _completed(dsn, RATE), what="the first two completed")
             queued = await fetch(dsn, "SELECT a.workflow_id FROM run_admissions a JOIN "
                                  "workflow_runs r USING (workflow_id) WHERE r.status = "
@@ -77,7 +78,7 @@ async def test_a_cancelled_head_of_the_queue_still_wakes_the_rest(settings) -> N
             await wait_for(lambda: _has_wake_row(dsn, head), what="a wake-up row for the head")
             # The exporter counts it, so a fleet scaled to zero is woken ahead of it.
             assert await Views(store.pool).timers_due_soon(60) == 1
-            control = Control(store.pool, queue, Registry([paced]), actor="test")
+            control = Control(store.pool, queue, Registry([paced_slowly]), actor="test")
             await control.cancel(head, "not this one")
             async with running_relay(settings):
                 await wait_for(lambda: all_done(dsn, [behind]), timeout=60,
