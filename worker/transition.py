@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import asyncpg
 import structlog
 
 from phasegate import concurrency, metrics, redact, residency, tracing
