@@ -17,11 +17,13 @@ have_pg_binaries() {
 # the PostgreSQL server binaries for the throwaway clusters, python3-venv (Debian's
 # python3 ships without venv's ensurepip until it is installed), and for the test command
 # only (scripts/demo.sh sets PHASEGATE_DEMO_ONLY): Chromium for the console's browser tests
-# (Playwright drives /usr/bin/chromium; it never downloads a browser) and node + npm for the
-# chart README check (scripts/chart_readme.py runs bitnami's generator from npm).
+# (Playwright drives /usr/bin/chromium; it never downloads a browser) with libatomic1, which
+# Playwright's bundled node driver links against and Chromium does not pull in, and node + npm
+# for the chart README check (scripts/chart_readme.py runs bitnami's generator from npm).
 os_packages=()
 if [ -z "${PHASEGATE_DEMO_ONLY:-}" ]; then
   [ -x /usr/bin/chromium ] || os_packages+=(chromium)
+  /sbin/ldconfig -p 2>/dev/null | grep -q 'libatomic\.so\.1 ' || os_packages+=(libatomic1)
   { command -v node && command -v npm; } >/dev/null 2>&1 || os_packages+=(nodejs npm)
 fi
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
@@ -54,6 +56,9 @@ if [ ${#os_packages[@]} -gt 0 ]; then
         chromium)
           echo "no /usr/bin/chromium: the console's browser tests will be skipped" \
                "(sudo apt-get install chromium)" >&2 ;;
+        libatomic1)
+          echo "no libatomic.so.1: Playwright's driver cannot start, the browser tests fail" \
+               "(sudo apt-get install libatomic1)" >&2 ;;
         npm)
           echo "no node/npm: the test command's chart README check will fail" \
                "(sudo apt-get install nodejs npm)" >&2 ;;
