@@ -29,6 +29,10 @@ NETWORK=${FRESH_DEBIAN_NETWORK:-bridge}   # bridge: the host's own services are 
 # module (worker processes killed and restarted, direct and through PgBouncer).
 CHECK_SELECTION=(tests/unit tests/integration/test_console_browser.py
                  tests/integration/test_pooler.py tests/integration/test_engine_e2e.py)
+# Skips that say what the container's kernel view lacks, not what an install left out: Docker's
+# cgroup namespace on a cgroup v1 host shows no PSI (memory.pressure). Any other skip fails
+# the check.
+KERNEL_SKIPS='no PSI on this host'
 # The owner of the clones: a developer's checkout, not root's (the scripts run as root in it).
 CHECKOUT_OWNER=${FRESH_DEBIAN_CHECKOUT_OWNER:-1000:1000}
 
@@ -96,9 +100,11 @@ else
   run_fresh test "./scripts/test.sh $(printf '%q ' "$@")" PYTEST_ADDOPTS=-rs
 fi
 skipped=$(grep -c '^SKIPPED' "$work/test.log" || true)
+unexpected=$(grep '^SKIPPED' "$work/test.log" | grep -v -e "$KERNEL_SKIPS" || true)
 echo "== $skipped test(s) skipped in the fresh container"
-if [ "$mode" = check ] && [ "$skipped" -gt 0 ]; then
-  echo "== $skipped test(s) skipped on the fresh machine: the check needs every one to run" >&2
+if [ "$mode" = check ] && [ -n "$unexpected" ]; then
+  echo "== skipped on the fresh machine (the check needs every one to run):" >&2
+  echo "$unexpected" >&2
   exit 1
 fi
 echo "== both README commands work on a fresh Debian 12 (python3 without venv, as root)" \
