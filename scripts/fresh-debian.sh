@@ -70,16 +70,15 @@ if [ -n "${FRESH_DEBIAN_REBUILD:-}" ] || ! docker image inspect "$IMAGE" >/dev/n
   echo "   $IMAGE built in $(( $(date +%s) - start )) s"
 fi
 
-run_fresh() {  # run_fresh NAME COMMAND [ENV=VALUE...]: as root in a fresh container + clone
-  local name=$1 command=$2 start status=0 env=()
+run_fresh() {  # run_fresh NAME COMMAND [DOCKER_RUN_FLAGS...]: in a fresh container and clone
+  local name=$1 command=$2 start status=0
   shift 2
-  for pair in "$@"; do env+=(-e "$pair"); done
   git clone -q "$PWD" "$work/$name"
   as_root chown -R "$CHECKOUT_OWNER" "$work/$name"
   echo "== [$name] $command"
   start=$(date +%s)
   # pipefail: the status is docker's (tee keeps a copy of the output for the checks below).
-  if docker run --rm --network "$NETWORK" "${env[@]}" -v "$work/$name:/src" -w /src "$IMAGE" \
+  if docker run --rm --network "$NETWORK" "$@" -v "$work/$name:/src" -w /src "$IMAGE" \
        bash -c "$command" 2>&1 | tee "$work/$name.log"; then
     status=0
   else
@@ -89,15 +88,25 @@ run_fresh() {  # run_fresh NAME COMMAND [ENV=VALUE...]: as root in a fresh conta
   return "$status"
 }
 
+# Not root: nothing can be installed, so both commands must stop at once, naming the package.
+for command in ./scripts/demo.sh ./scripts/test.sh; do
+  name=nonroot-$(basename "$command" .sh)
+  if run_fresh "$name" "$command" --user "$CHECKOUT_OWNER"; then
+    echo "== $command as uid ${CHECKOUT_OWNER%%:*} should have stopped" >&2; exit 1
+  fi
+  grep -q "install the python3-venv package" "$work/$name.log" \
+    || { echo "== $command as uid ${CHECKOUT_OWNER%%:*} did not name python3-venv" >&2; exit 1; }
+done
+
 run_fresh demo './scripts/demo.sh'
 grep -q "RESULT: every run completed exactly once" "$work/demo.log" \
   || { echo "== the demo printed no successful summary" >&2; exit 1; }
 
 # -rs: every skipped test is listed with its reason (counted below).
 if [ "$mode" = full ]; then
-  run_fresh test './scripts/test.sh' PYTEST_ADDOPTS=-rs PHASEGATE_SKIP_IMAGE=1
+  run_fresh test './scripts/test.sh' -e PYTEST_ADDOPTS=-rs -e PHASEGATE_SKIP_IMAGE=1
 else
-  run_fresh test "./scripts/test.sh $(printf '%q ' "$@")" PYTEST_ADDOPTS=-rs
+  run_fresh test "./scripts/test.sh $(printf '%q ' "$@")" -e PYTEST_ADDOPTS=-rs
 fi
 skipped=$(grep -c '^SKIPPED' "$work/test.log" || true)
 unexpected=$(grep '^SKIPPED' "$work/test.log" | grep -v -e "$KERNEL_SKIPS" || true)
