@@ -23,7 +23,9 @@ have_pg_binaries() {
 os_packages=()
 if [ -z "${PHASEGATE_DEMO_ONLY:-}" ]; then
   [ -x /usr/bin/chromium ] || os_packages+=(chromium)
-  /sbin/ldconfig -p 2>/dev/null | grep -q 'libatomic\.so\.1 ' || os_packages+=(libatomic1)
+  # grep reads all of it (no -q): an early exit would SIGPIPE ldconfig and, with pipefail,
+  # count a library that is there as missing.
+  /sbin/ldconfig -p 2>/dev/null | grep 'libatomic\.so\.1 ' >/dev/null || os_packages+=(libatomic1)
   { command -v node && command -v npm; } >/dev/null 2>&1 || os_packages+=(nodejs npm)
 fi
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then

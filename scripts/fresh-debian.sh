@@ -2,11 +2,12 @@
 # Check the README's two commands on a stock Debian 12 machine: a minimal bookworm root
 # (python3, ca-certificates, git; no python3-venv, no PostgreSQL, no browser, no node) imported
 # into Docker, then, each from a fresh clone of this checkout's committed HEAD (not the work
-# tree) owned by another uid than root's, as root in a throwaway container:
+# tree) owned by another uid than root's, in a throwaway container:
 #
-#   1. ./scripts/demo.sh          bootstrap, throwaway Postgres, moto, workers, a kill, summary
-#   2. ./scripts/test.sh ARGS     bootstrap, ruff, mypy, import-linter, mkdocs --strict, the
-#                                 chart README check, then pytest ARGS
+#   0. as that uid, ./scripts/demo.sh and ./scripts/test.sh stop at once, naming python3-venv
+#   1. as root, ./scripts/demo.sh   bootstrap, throwaway Postgres, moto, workers, a kill, summary
+#   2. as root, ./scripts/test.sh ARGS   bootstrap, ruff, mypy, import-linter, mkdocs --strict,
+#                                        the chart README check, then pytest -rs ARGS
 #
 # Usage: bash scripts/fresh-debian.sh            the check: ARGS = CHECK_SELECTION below, and
 #                                                  a skipped test fails it (a fresh machine that
