@@ -15,11 +15,18 @@ have_pg_binaries() {
 }
 # What a stock Debian/Ubuntu machine lacks, installed in one apt-get run when we are root:
 # the PostgreSQL server binaries for the throwaway clusters, python3-venv (Debian's
-# python3 ships without venv's ensurepip until it is installed), and Chromium for the
-# console's browser tests (Playwright drives /usr/bin/chromium; it never downloads a browser).
+# python3 ships without venv's ensurepip until it is installed), and for the test command
+# only (scripts/demo.sh sets PHASEGATE_DEMO_ONLY): Chromium for the console's browser tests
+# (Playwright drives /usr/bin/chromium; it never downloads a browser) with libatomic1, which
+# Playwright's bundled node driver links against and Chromium does not pull in, and node + npm
+# for the chart README check (scripts/chart_readme.py runs bitnami's generator from npm).
 os_packages=()
-if ! [ -x /usr/bin/chromium ] && [ -z "${PHASEGATE_SKIP_BROWSER:-}" ]; then  # skip: scripts/demo.sh
-  os_packages+=(chromium)
+if [ -z "${PHASEGATE_DEMO_ONLY:-}" ]; then
+  [ -x /usr/bin/chromium ] || os_packages+=(chromium)
+  # grep reads all of it (no -q): an early exit would SIGPIPE ldconfig and, with pipefail,
+  # count a library that is there as missing.
+  /sbin/ldconfig -p 2>/dev/null | grep 'libatomic\.so\.1 ' >/dev/null || os_packages+=(libatomic1)
+  { command -v node && command -v npm; } >/dev/null 2>&1 || os_packages+=(nodejs npm)
 fi
 if ! have_pg_binaries && [ -z "${PHASEGATE_TEST_DATABASE_URL:-}" ]; then
   os_packages+=(postgresql)
@@ -51,6 +58,12 @@ if [ ${#os_packages[@]} -gt 0 ]; then
         chromium)
           echo "no /usr/bin/chromium: the console's browser tests will be skipped" \
                "(sudo apt-get install chromium)" >&2 ;;
+        libatomic1)
+          echo "no libatomic.so.1: Playwright's driver cannot start, the browser tests fail" \
+               "(sudo apt-get install libatomic1)" >&2 ;;
+        npm)
+          echo "no node/npm: the test command's chart README check will fail" \
+               "(sudo apt-get install nodejs npm)" >&2 ;;
       esac
     done
   fi
