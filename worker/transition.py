@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -207,7 +208,11 @@ class PhaseTransition:
                 "workflow_mismatch", f"the run belongs to workflow {position.workflow}",
                 envelope.workflow_id))
         if envelope.seq < position.next_seq:
-            await self.ensure_successor(envelope)
+            if not await self.ensure_successor(envelope, position.next_seq):
+                # Deleting this message would leave the leased row to the relay alone; held back
+                # instead, it returns when the lease may have run out and sends the row itself.
+                log.info("duplicate_successor_leased", next_seq=position.next_seq)
+                return Settlement(Action.RELEASE, "successor_leased", self._lease_wait_s())
             log.info("duplicate", next_seq=position.next_seq)
             return Settlement(Action.DELETE, "duplicate")
         if envelope.seq > position.next_seq:
@@ -529,11 +534,20 @@ class PhaseTransition:
         rows = await concurrency.admitted_by(self.store, workflow_id)
         await asyncio.gather(*(self.emit(row) for row in rows))
 
-    async def ensure_successor(self, envelope: Envelope) -> None:
-        row = await self.store.successor(envelope.workflow_id, envelope.branch, envelope.seq + 1)
-        # A live lease: a worker is running that phase itself (local continuation).
-        if row is not None and row.sent_at is None and not row.leased:
-            await self.emit(row)
+    async def ensure_successor(self, envelope: Envelope, next_seq: int) -> bool:
+        """Send the run's next message if its commit left it unsent (a crash between the commit
+        and the send). False while a worker holds it leased (local continuation): its chain is
+        running, or its worker died and the lease runs out within one visibility timeout."""
+        row = await self.store.successor(envelope.workflow_id, envelope.branch, next_seq)
+        if row is None or row.sent_at is not None:
+            return True
+        if row.leased:
+            return False
+        await self.emit(row)
+        return True
+
+    def _lease_wait_s(self) -> int:
+        return max(1, math.ceil(self.continuation.lease_s / 2))
 
     # -- poison -------------------------------------------------------------------------------
 

@@ -138,6 +138,26 @@ async def test_sigkill_mid_chain_resumes_through_sqs_after_the_lease(settings):
     assert await _invocations(settings) == len(PHASES)
 
 
+async def test_sigkill_mid_chain_resumes_with_workers_alone(settings):
+    """No relay running: the dead worker's received message comes back to another worker,
+    which finds the run's next row leased, holds the message back until the lease has run
+    out, then sends the row itself -- the chain resumes although nobody relays."""
+    wid = await _start(settings)
+    dying = spawn_worker(settings, modules=MODULES,
+                         extra_env={"PHASEGATE_FAULTS": "mid_chain@3"})
+    try:
+        assert await asyncio.to_thread(dying.wait, 60) == -9
+    finally:
+        stop_process(dying)
+    assert await fetchval(settings.database_url, "SELECT count(*) FROM outbox WHERE sent_at "
+                          "IS NULL AND lease_until > now()") == 1
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), timeout=90,
+                       what="run resumed by a worker alone")
+    await _committed_once(settings)
+    assert await _invocations(settings) == len(PHASES)
+
+
 async def test_a_long_phase_keeps_its_lease_and_a_stopped_heartbeat_loses_it(settings):
     """While a continued phase runs longer than the lease, the heartbeat keeps extending it
     and the relay (running) leaves the row alone. Then the worker is frozen (SIGSTOP: no
