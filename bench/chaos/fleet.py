@@ -195,7 +195,8 @@ class LogStats:
 def read_logs(log_dir: Path) -> LogStats:
     """Count what the workers logged: fault points that fired, phase outcomes, events."""
     stats = LogStats()
-    counted = {"duplicate", "duplicate_successor_leased", "quarantined", "database_unavailable", "emit_failed_relay_will_send",
+    counted = {"duplicate", "duplicate_successor_leased", "quarantined", "database_unavailable",
+               "emit_failed_relay_will_send",
                "settle_failed", "heartbeat_failed", "heartbeat_partial", "receive_failed",
                "transition_crashed", "side_task_died", "phase_error", "relayed",
                "relay_round_failed", "run_halted"}
