@@ -104,6 +104,10 @@ class Env:
     load_window_ms: float = Settings.model_fields["load_batch_window_ms"].default
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
+    # phasegate's PHASEGATE_DATABASE_POOLER (--pooler): "transaction", the default, plans every
+    # statement anew (no statement cache, safe behind a pooler); "none" caches them, as the
+    # floor's plain asyncpg pool does.
+    pooler: str = "transaction"
     # Wraps the timed run alone (bench/profile.py counts per-transition work with it).
     around: Callable[[], AbstractContextManager[Any]] | None = None
 
@@ -136,7 +140,8 @@ def wait_time_for(backend: str) -> int:
 
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
-    pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
+    pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY,
+                             pooler="none" if env.pooler == "none" else "transaction")
     # The store a worker runs with (worker/startup.py): one region, its audit line per commit.
     store = RegionalStore(pool, commit_window_s=env.commit_window_ms / 1000,
                           load_window_s=env.load_window_ms / 1000)
@@ -550,12 +555,12 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 localstack_endpoint: str | None = None,
                 phases: dict[int, int] | None = None,
                 load_window_ms: float | None = None,
-                continuation: bool = True) -> dict[str, Any]:
+                continuation: bool = True, pooler: str = "transaction") -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server).start()
-    env = Env(databases, continuation=continuation)
+    env = Env(databases, continuation=continuation, pooler=pooler)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
     env.localstack_endpoint = localstack_endpoint
@@ -587,7 +592,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "repeats": repeats, "process_repeats": process_repeats,
                 "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
                 "load_window_ms": env.load_window_ms,
-                "continuation": continuation, "machine": machine(),
+                "continuation": continuation, "pooler": pooler, "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
         await databases.stop()
@@ -622,6 +627,9 @@ def main() -> None:
                         "(a loaded machine: same ratios, less time)")
     parser.add_argument("--continuation", choices=("on", "off"), default="on",
                         help="phasegate's local continuation (PHASEGATE_CONTINUATION)")
+    parser.add_argument("--pooler", choices=("transaction", "none"), default="transaction",
+                        help="phasegate's PHASEGATE_DATABASE_POOLER: transaction (default, no "
+                        "statement cache) or none (statements cached, as the floor's are)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -635,7 +643,8 @@ def main() -> None:
                                localstack_endpoint=args.localstack_endpoint,
                                phases=_phases(args.phases),
                                load_window_ms=args.load_window_ms,
-                               continuation=args.continuation == "on"))
+                               continuation=args.continuation == "on",
+                               pooler=args.pooler))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
