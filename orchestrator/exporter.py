@@ -34,12 +34,13 @@ RUNS = Gauge("phasegate_runs", "Workflow runs by status (database).", ["status"]
 RUN_STATUSES = ("pending", "running", "awaiting_review", "completed", "failed", "cancelled",
                 "needs_restart", "queued", "waiting")
 # The chart's scale-from-zero trigger names this metric: waits (timers, signal timeouts) due
-# within the next WAKE_AHEAD_S seconds, so the fleet is awake when they fire, not after.
+# and races' deadlines within the next WAKE_AHEAD_S seconds, so the fleet is awake when they
+# fire, not after.
 WAKE_AHEAD_S = 60.0
 TIMERS_DUE_SOON = Gauge(
     "phasegate_timers_due_soon",
     "Waiting runs whose next phase falls due within the next 60 seconds, or is overdue, "
-    "and queued runs' rate-limit wake-ups as soon (database time).")
+    "queued runs' rate-limit wake-ups and open races' deadlines as soon (database time).")
 EXPORTER_ERRORS = Counter(
     "phasegate_exporter_errors_total", "Exporter polls that failed, by source.", ["source"])
 EXPORTER_POLLS = Counter("phasegate_exporter_polls_total", "Exporter poll rounds.")

@@ -261,5 +261,6 @@ class Views:
         return {r["status"]: int(r["runs"]) for r in rows}
 
     async def timers_due_soon(self, within_s: float) -> int:
-        """Waiting runs whose next phase falls due within ``within_s`` (or is overdue)."""
+        """Waiting runs whose next phase falls due within ``within_s`` (or is overdue),
+        queued runs' wake-ups and open races' deadline messages as soon (signals.sql)."""
         return int(await self.pool.fetchval(queries("signals.sql")["due_soon"], within_s))

@@ -100,11 +100,21 @@ RETURNING r.workflow_id;
 
 -- name: due_soon
 -- The exporter's phasegate_timers_due_soon: waiting runs whose row falls due within $1
--- seconds or is due and not sent yet (the fleet should be awake for them), and queued runs'
--- rate-limit wake-ups (0014: the worker that receives one admits the key's queue). A
--- cancelled run's row is not counted: its message would only be dropped.
+-- seconds or is due and not sent yet (the fleet should be awake for them), queued runs'
+-- rate-limit wake-ups (0014: the worker that receives one admits the key's queue), and the
+-- 'deadline' messages of open races (0016, phasegate/race_deadline.py: the run is running,
+-- but with every branch held up the fleet may be at zero when the deadline falls due). A
+-- cancelled run's row is not counted: its message would only be dropped; nor is a race's
+-- once it was won or failed (its fork is no longer open), nor one whose deadline a review
+-- round cleared: those messages change nothing.
 SELECT count(*)::bigint
   FROM outbox o
-  JOIN workflow_runs r ON r.workflow_id = o.workflow_id AND r.status IN ('waiting', 'queued')
+  JOIN workflow_runs r ON r.workflow_id = o.workflow_id
  WHERE o.sent_at IS NULL AND o.due_at IS NOT NULL
-   AND o.due_at <= now() + make_interval(secs => $1);
+   AND o.due_at <= now() + make_interval(secs => $1)
+   AND (r.status IN ('waiting', 'queued')
+        OR (r.status = 'running' AND EXISTS (
+               SELECT 1 FROM forks f
+                WHERE f.workflow_id = o.workflow_id AND f.parent_branch = o.branch
+                  AND f.fork_seq = o.seq - 1 AND f.mode = 'race' AND f.status = 'open'
+                  AND f.deadline_at = o.due_at)));

@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import REGISTRY as REGISTRY_METRICS
 
 from phasegate.cli import main
 from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.orchestrator.views import Views
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
 from tests import workflows
@@ -247,6 +250,33 @@ async def test_the_branches_json_names_the_deadline(settings):
     stored = await fetchval(settings.database_url or "", "SELECT deadline_at FROM forks "
                             "WHERE workflow_id = $1", wid)
     assert [f["deadline_at"] for f in forks] == [stored.isoformat()]
+
+
+async def timers_due_soon(settings: Settings) -> float | None:
+    """One round of the orchestrator's exporter; the gauge it set."""
+    async with store_for(settings.database_url or "") as store:
+        exporter = QueueDepthExporter(queue=None, views=Views(store.pool))
+        await exporter.poll_once()
+    assert exporter.last_error is None
+    return REGISTRY_METRICS.get_sample_value("phasegate_timers_due_soon")
+
+
+async def test_the_timers_gauge_counts_an_open_race_whose_deadline_is_due_soon(settings):
+    """The autoscaler's second trigger sees a race's deadline like a timer: a race due within
+    the minute counts (its run is running, not waiting), one due in ten minutes does not yet,
+    and once the race is won its deadline message changes nothing and no longer counts."""
+    soon = await start(settings, {"n": 1, "gate": "gauge-soon", "deadline_s": 30})
+    later = await start(settings, {"n": 1, "gate": "gauge-later", "deadline_s": 600})
+    async with running_worker(settings, REGISTRY):
+        await wait_for(searching(settings, 2), what="both races' branches in search")
+        assert await count(settings, "SELECT count(*) FROM outbox WHERE due_at IS NOT NULL "
+                           "AND sent_at IS NULL") == 2
+        assert await timers_due_soon(settings) == 1.0
+        await open_gates(settings, "gauge-soon", 1)
+        await wait_for(lambda: all_done(settings.database_url or "", [soon]), what="race won")
+        assert await timers_due_soon(settings) == 0.0
+        await open_gates(settings, "gauge-later", 1)
+        await wait_for(lambda: all_done(settings.database_url or "", [later]), what="won too")
 
 
 async def test_after_the_deadline_an_operator_can_promote_a_discarded_branch(settings):
