@@ -31,11 +31,14 @@ from phasegate.orchestrator.quarantine import redrive as redrive_quarantined
 from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
+    LiveWorker,
+    MessageAges,
     Run,
     RunPage,
     StallReport,
     SummaryRow,
 )
+from phasegate.presence import live_workers
 from phasegate.queue import Queue
 from phasegate.sql import queries
 from phasegate.storable import UnstorableValue, check_storable
@@ -142,6 +145,13 @@ class Summary(BaseModel):
 class FleetReport(BaseModel):
     fleet: Fleet
     queue: QueueState
+    workers: list[LiveWorker] = Field(
+        default_factory=list,
+        description="Workers that reported within two of their presence intervals, oldest "
+                    "first (the console's fleet page); empty: the fleet may be at zero.")
+    ages: MessageAges | None = Field(
+        default=None, description="How long messages have waited (database time, main "
+                                  "chains only), as the console's fleet page shows them.")
 
 
 class Problem(BaseModel):
@@ -359,8 +369,8 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/v1/fleet", response_model=FleetReport)
     async def fleet() -> FleetReport:
-        snapshot, queue = await asyncio.gather(services.fleet.snapshot(), queue_state(services))
-        return FleetReport(fleet=snapshot, queue=queue)
+        """The worker pods (in a cluster), the queue, the live workers and message ages."""
+        return await fleet_report(services)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -424,6 +434,17 @@ async def queue_state(services: Services) -> QueueState:
     except Exception as exc:
         return QueueState(error=f"{type(exc).__name__}: {exc}"[:200])
     return QueueState(visible=depth.visible, inflight=depth.inflight, delayed=depth.delayed)
+
+
+async def fleet_report(services: Services) -> FleetReport:
+    """What the console's fleet page shows, from the same calls (orchestrator/console.py)."""
+    control = services.control
+    snapshot, queue, workers, ages = await asyncio.gather(
+        services.fleet.snapshot(), queue_state(services), live_workers(control.pool),
+        control.views.message_ages())
+    return FleetReport(fleet=snapshot, queue=queue, ages=ages,
+                       workers=[LiveWorker.model_validate(w, from_attributes=True)
+                                for w in workers])
 
 
 async def readiness_problems(services: Services) -> list[str]:

@@ -164,8 +164,11 @@ class DatabaseBackend:
         return self._do(get)
 
     def fleet(self) -> dict[str, Any]:
+        from phasegate.orchestrator.api import Services, fleet_report
+
         async def get(control: Control) -> dict[str, Any]:
-            return {"fleet": (await self._fleet.snapshot()).model_dump(mode="json")}
+            report = await fleet_report(Services(control, self._queue, self._fleet))
+            return report.model_dump(mode="json")
 
         return self._do(get)
 

@@ -82,8 +82,9 @@ def status_view(summary: dict[str, Any], fleet: dict[str, Any]) -> Group:
         table_view(["status", "workflow", "phase", "tier", "runs", "idle"], rows)
         if rows else Text("no workflow runs"))
     note = Text("(completed and cancelled: last 24 h; others: all)", style="dim")
-    return Group(Text(queue_line), Text(fleet_line(fleet.get("fleet") or {})), Text(""),
-                 runs, note)
+    lines = [queue_line, fleet_line(fleet.get("fleet") or {}),
+             workers_line(fleet.get("workers")), ages_line(fleet.get("ages"))]
+    return Group(*(Text(line) for line in lines if line is not None), Text(""), runs, note)
 
 
 def status(summary: dict[str, Any], fleet: dict[str, Any], *, color: bool = False) -> str:
@@ -123,6 +124,30 @@ def fleet_line(fleet: dict[str, Any]) -> str:
         line += "; recent terminations: " + ", ".join(
             f"{reason} x{n}" for reason, n in sorted(counts.items()))
     return line
+
+
+def workers_line(workers: list[dict[str, Any]] | None) -> str | None:
+    """The live workers (worker_presence) in one line; None: the API did not say (an older
+    orchestrator)."""
+    if workers is None:
+        return None
+    if not workers:
+        return "workers: none live (the fleet may be scaled to zero)"
+    states: dict[str, int] = {}
+    for w in workers:
+        states[w["watchdog"]] = states.get(w["watchdog"], 0) + 1
+    busy, slots = sum(w["in_flight"] for w in workers), sum(w["concurrency"] for w in workers)
+    return (f"workers: {len(workers)} live, {busy} of {slots} in flight; watchdog "
+            + ", ".join(f"{state} x{n}" for state, n in sorted(states.items())))
+
+
+def ages_line(ages: dict[str, Any] | None) -> str | None:
+    """How long messages have waited (database time); None: the API did not say."""
+    if ages is None:
+        return None
+    return (f"messages: oldest not started {age(ages['not_started_s'])} "
+            f"({ages['not_started']}), oldest uncommitted {age(ages['uncommitted_s'])} "
+            f"({ages['uncommitted']})")
 
 
 def inspect(run: dict[str, Any], checkpoints: list[dict[str, Any]],

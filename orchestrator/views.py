@@ -137,6 +137,20 @@ class MessageAges(BaseModel):
     uncommitted: int
 
 
+class LiveWorker(BaseModel):
+    """A live worker as the console's fleet page lists it (phasegate/presence.py): its opaque
+    id and what it reports about itself, nothing about the pod or host it runs on."""
+
+    worker_id: str
+    watchdog: str
+    in_flight: int
+    concurrency: int
+    flushes: int
+    last_flush_at: datetime | None
+    started_at: datetime
+    last_seen: datetime
+
+
 class SummaryRow(BaseModel):
     status: str
     workflow: str

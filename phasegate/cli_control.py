@@ -120,7 +120,9 @@ def status(api_url: str | None, watch: bool, interval: float, count: int | None,
     color = sys.stdout.isatty()
     try:
         if output == "json":
-            click.echo(json.dumps({**backend.summary(), "fleet": backend.fleet()["fleet"]},
+            fleet = backend.fleet()
+            click.echo(json.dumps({**backend.summary(), "fleet": fleet["fleet"],
+                                   "workers": fleet.get("workers"), "ages": fleet.get("ages")},
                                   indent=2))
             return
         if watch and color:  # a terminal: redraw in place

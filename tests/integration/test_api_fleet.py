@@ -16,6 +16,7 @@ import pytest
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
+from phasegate.presence import PresenceReport, mark_stopped, report
 from phasegate.store import create_pool
 from phasegate.workflow import Registry
 from tests.helpers import queue_for
@@ -138,6 +139,22 @@ async def test_fleet_endpoint_serves_fleet_and_queue(apiserver: FakeApiServer, d
     pool = await create_pool(database_url, min_size=1, max_size=2)
     view = FleetView.for_host(apiserver.url, namespace="jobs", deployment="pg-worker")
     try:
+        # Two workers report as a worker does (phasegate/presence.py); one stopped since.
+        await report(pool, PresenceReport("w-busy", 120.0, 15.0, 3, 4, "pressure", 2, 30.0))
+        await report(pool, PresenceReport("w-idle", 60.0, 15.0, 0, 4, "ok", 0, None))
+        await report(pool, PresenceReport("w-gone", 90.0, 15.0, 0, 4, "ok", 0, None))
+        await mark_stopped(pool, "w-gone")
+        # A pending run whose start message was sent a minute ago; a running one whose
+        # successor was sent 20 s ago and has not committed.
+        for wid, status, sent_s in (("p-1", "pending", 60), ("r-1", "running", 20)):
+            await pool.execute(
+                "INSERT INTO workflow_runs (workflow_id, workflow, schema_version, status, "
+                "next_seq, current_phase) VALUES ($1, 'chain', 1, $2, 0, 'fetch')",
+                wid, status)
+            await pool.execute(
+                "INSERT INTO outbox (workflow_id, seq, dedup_id, group_id, body, sent_at) "
+                "VALUES ($1, 0, $1, $1, '{}', now() - make_interval(secs => $2))",
+                wid, float(sent_s))
         async with queue_for(settings) as queue:
             app = create_app(Services(control=Control(pool, queue, Registry()), queue=queue,
                                       fleet=view))
@@ -150,3 +167,13 @@ async def test_fleet_endpoint_serves_fleet_and_queue(apiserver: FakeApiServer, d
     assert body["fleet"]["deployment"] == "pg-worker" and body["fleet"]["ready_replicas"] == 2
     assert [t["reason"] for t in body["fleet"]["terminations"]] == ["OOMKilled", "Evicted"]
     assert body["queue"] == {"visible": 0, "inflight": 0, "delayed": 0, "error": None}
+    # The live workers, oldest first, with what the console's fleet page shows and no more.
+    workers = body["workers"]
+    assert [(w["worker_id"], w["watchdog"], w["in_flight"], w["concurrency"], w["flushes"])
+            for w in workers] == [("w-busy", "pressure", 3, 4, 2), ("w-idle", "ok", 0, 4, 0)]
+    assert set(workers[0]) == {"worker_id", "watchdog", "in_flight", "concurrency", "flushes",
+                               "last_flush_at", "started_at", "last_seen"}
+    assert workers[0]["last_flush_at"] is not None and workers[1]["last_flush_at"] is None
+    ages = body["ages"]
+    assert (ages["not_started"], ages["uncommitted"]) == (1, 1)
+    assert ages["not_started_s"] >= 60 and 20 <= ages["uncommitted_s"] < ages["not_started_s"]

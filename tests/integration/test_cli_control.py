@@ -4,6 +4,8 @@ PostgreSQL and SQS, both directly and through a running ``phasegate orchestrator
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +17,9 @@ from click.testing import CliRunner, Result
 from phasegate.cli import main
 from phasegate.envelope import canonical_json, state_hash
 from phasegate.orchestrator.embedded import free_port
+from phasegate.presence import PresenceReport, report
 from phasegate.settings import Settings
-from tests.helpers import fetch, fetchval, make_settings, queue_for, settings_env
+from tests.helpers import fetch, fetchval, make_settings, queue_for, settings_env, store_for
 from tests.integration.test_api_server import spawn_orchestrator
 
 
@@ -66,6 +69,15 @@ def add_run(settings: Settings, workflow_id: str, status: str, *, workflow: str 
             f"{workflow_id}-{seq}")
 
 
+def add_worker(settings: Settings, worker_id: str, *, in_flight: int, watchdog: str) -> None:
+    """A worker's presence row, written as a worker writes it (phasegate/presence.py)."""
+    async def put() -> None:
+        async with store_for(settings.database_url or "") as store:
+            await report(store.pool, PresenceReport(worker_id, 30.0, 15.0, in_flight, 4,
+                                                    watchdog, 0, None))
+    asyncio.run(put())
+
+
 def test_status_shows_runs_queue_and_fleet(cli: Any, settings: Settings) -> None:
     empty = cli("status")
     assert empty.exit_code == 0, empty.output
@@ -74,12 +86,22 @@ def test_status_shows_runs_queue_and_fleet(cli: Any, settings: Settings) -> None
     add_run(settings, "b", "running")
     add_run(settings, "c", "completed", phase=None, next_seq=3, finished_days=0.5)
     sql(settings, "UPDATE workflow_runs SET tier = 1, tier_label = 'draft' WHERE workflow_id = 'a'")
+    assert "workers: none live (the fleet may be scaled to zero)" in empty.stdout
+    add_worker(settings, "w-1", in_flight=2, watchdog="ok")
+    add_worker(settings, "w-2", in_flight=1, watchdog="pressure")
     result = cli("status", "--watch", "--interval", "0", "--count", "2")
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert out.count("phasegate status (Ctrl-C to stop)") == 2
     assert "queue: 0 visible, 0 in flight, 0 delayed" in out
     assert "fleet: not running in a Kubernetes cluster" in out
+    assert "workers: 2 live, 3 of 8 in flight; watchdog ok x1, pressure x1" in out
+    # a and b: a running run's successor, sent, its phase not committed.
+    assert re.search(r"^messages: oldest not started - \(0\), oldest uncommitted \d\S* \(2\)$",
+                     out, re.MULTILINE)
+    document = json.loads(cli("status", "-o", "json").stdout)
+    assert [w["worker_id"] for w in document["workers"]] == ["w-1", "w-2"]
+    assert (document["ages"]["not_started"], document["ages"]["uncommitted"]) == (0, 2)
     rows = [line.split() for line in out.splitlines()]
     assert ["completed", "chain", "-", "-", "1", "-"] in rows
     assert ["running", "chain", "transform", "-", "1"] in [r[:5] for r in rows]

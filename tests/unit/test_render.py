@@ -52,6 +52,22 @@ def test_status_renders_queue_fleet_and_runs() -> None:
     assert "no workflow runs" in down
 
 
+def test_status_adds_live_workers_and_message_ages_when_the_api_reports_them() -> None:
+    summary = {"queue": {"visible": 0, "inflight": 0, "delayed": 0}, "runs": []}
+    workers = [{"worker_id": "w-a", "watchdog": "ok", "in_flight": 2, "concurrency": 4},
+               {"worker_id": "w-b", "watchdog": "pressure", "in_flight": 0, "concurrency": 2},
+               {"worker_id": "w-c", "watchdog": "ok", "in_flight": 1, "concurrency": 4}]
+    ages = {"not_started_s": 90.0, "not_started": 3, "uncommitted_s": None, "uncommitted": 0}
+    lines = render.status(summary, {"fleet": {}, "workers": workers, "ages": ages}).splitlines()
+    assert lines[2:4] == ["workers: 3 live, 3 of 10 in flight; watchdog ok x2, pressure x1",
+                          "messages: oldest not started 1.5m (3), oldest uncommitted - (0)"]
+    idle = render.status(summary, {"fleet": {}, "workers": [], "ages": ages}).splitlines()
+    assert idle[2] == "workers: none live (the fleet may be scaled to zero)"
+    # An orchestrator from before these fields: the lines are left out, not made up.
+    older = render.status(summary, {"fleet": {}}).splitlines()
+    assert not any(line.startswith(("workers:", "messages:")) for line in older)
+
+
 def test_action_line_says_when_the_relay_will_send() -> None:
     run = {"workflow_id": "x", "status": "running"}
     assert render.action({"action": "retry", "run": run, "sent": True}) == (
