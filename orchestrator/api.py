@@ -146,12 +146,11 @@ class FleetReport(BaseModel):
     fleet: Fleet
     queue: QueueState
     workers: list[LiveWorker] = Field(
-        default_factory=list,
         description="Workers that reported within two of their presence intervals, oldest "
                     "first (the console's fleet page); empty: the fleet may be at zero.")
-    ages: MessageAges | None = Field(
-        default=None, description="How long messages have waited (database time, main "
-                                  "chains only), as the console's fleet page shows them.")
+    ages: MessageAges = Field(
+        description="How long messages have waited (database time, main chains only), as "
+                    "the console's fleet page shows them.")
 
 
 class Problem(BaseModel):
