@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from phasegate.limits import SQS_MAX_MESSAGE_BYTES
 from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
 from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
-from phasegate.orchestrator.control import Control, Outcome
+from phasegate.orchestrator.control import DECISION_KEY_PATTERN, Control, Outcome
 from phasegate.orchestrator.fleet import Fleet, FleetView
 from phasegate.orchestrator.gate import OPEN_PATHS, Gate, is_console_path, required_role
 from phasegate.orchestrator.quarantine import MAX_PAGE as QUARANTINE_PAGE
@@ -303,8 +303,35 @@ def create_app(services: Services) -> FastAPI:
                  responses={**ERRORS, **BODY_ERRORS}, name=name,
                  summary=f"{name.capitalize()} a run")(act)
 
-    for name in ("cancel", "retry", "restart", "approve", "reject"):
+    for name in ("cancel", "retry", "restart"):
         action_route(name)
+
+    def decision_route(name: str) -> None:
+        async def decide(workflow_id: WorkflowId, caller: CallerDep, response: Response,
+                         body: Annotated[ActionRequest | None, Body()] = None,
+                         idempotency_key: Annotated[str | None, Header(
+                             pattern=DECISION_KEY_PATTERN,
+                             description="1-200 visible ASCII characters. A retry with the "
+                                         "same key gets the first answer (200, the same body, "
+                                         "header Idempotent-Replayed: true) and changes "
+                                         "nothing.")] = None) -> ActionResponse:
+            """A run awaiting review: ``approve`` continues it, ``reject`` re-runs the phase
+            under review. Without ``Idempotency-Key``, a repeat is a 409 (the run is no
+            longer awaiting review)."""
+            scoped = await control_for(caller).scoped(workflow_id)
+            outcome: Outcome = await getattr(scoped, name)(
+                workflow_id, body.reason if body else None, idempotency_key=idempotency_key)
+            if outcome.replayed:
+                response.headers["Idempotent-Replayed"] = "true"
+            return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
+
+        app.post(f"/v1/workflows/{{workflow_id}}/{name}", response_model=ActionResponse,
+                 responses={**ERRORS, **BODY_ERRORS, 422: {
+                     "description": "A bad idempotency key or body"}}, name=name,
+                 summary=f"{name.capitalize()} a run")(decide)
+
+    for name in ("approve", "reject"):
+        decision_route(name)
 
     @app.post("/v1/workflows/{workflow_id}/signals/{name}", response_model=SignalResponse,
               responses={**ERRORS, **BODY_ERRORS, 422: {

@@ -20,6 +20,8 @@ from phasegate.settings import Settings
 from phasegate.workflow import Registry
 
 ACTIONS = ("cancel", "retry", "restart", "approve", "reject")
+# The review decisions, which take an idempotency key (a retry gets the first answer).
+DECISIONS = ("approve", "reject")
 
 
 class BackendError(Exception):
@@ -36,7 +38,8 @@ class Backend(Protocol):
     def run(self, workflow_id: str) -> dict[str, Any]: ...
     def checkpoints(self, workflow_id: str, include_state: bool) -> dict[str, Any]: ...
     def actions(self, workflow_id: str) -> dict[str, Any]: ...
-    def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]: ...
+    def act(self, action: str, workflow_id: str, reason: str | None,
+            idempotency_key: str | None = None) -> dict[str, Any]: ...
     def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]: ...
     def branches(self, workflow_id: str) -> dict[str, Any]: ...
     def list_runs(self, filters: dict[str, Any]) -> dict[str, Any]: ...
@@ -84,9 +87,11 @@ class ApiBackend:
     def actions(self, workflow_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/workflows/{workflow_id}/actions")
 
-    def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]:
+    def act(self, action: str, workflow_id: str, reason: str | None,
+            idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
         return self._call("POST", f"/v1/workflows/{workflow_id}/{action}",
-                          json={"reason": reason})
+                          json={"reason": reason}, headers=headers)
 
     def merge(self, workflow_id: str, branch: str, reason: str | None) -> dict[str, Any]:
         return self._call("POST", f"/v1/workflows/{workflow_id}/merge",
@@ -195,11 +200,14 @@ class DatabaseBackend:
 
         return self._do(get)
 
-    def act(self, action: str, workflow_id: str, reason: str | None) -> dict[str, Any]:
+    def act(self, action: str, workflow_id: str, reason: str | None,
+            idempotency_key: str | None = None) -> dict[str, Any]:
         assert action in ACTIONS
+        assert idempotency_key is None or action in DECISIONS
+        keyed = {"idempotency_key": idempotency_key} if action in DECISIONS else {}
 
         async def do(control: Control) -> dict[str, Any]:
-            outcome = await getattr(control, action)(workflow_id, reason)
+            outcome = await getattr(control, action)(workflow_id, reason, **keyed)
             return {"action": outcome.action, "run": outcome.run.model_dump(mode="json"),
                     "sent": outcome.sent}
 

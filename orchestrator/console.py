@@ -40,6 +40,7 @@ from phasegate.orchestrator.gate import required_role
 from phasegate.orchestrator.quarantine import list_quarantine, redrive
 from phasegate.orchestrator.views import ControlError, Invalid
 from phasegate.presence import live_workers
+from phasegate.signals import DECISIONS
 from phasegate.sql import queries
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def mount_console(app: FastAPI, services: Services) -> None:
             buttons=pages.allowed_actions(run, caller), show_state=show_state,
             merge_branches=[b["branch"] for f in open_forks for b in f["branches"]]
             if caller.may(required_role("merge")) else [],
-            signal_form=signal_form,
+            signal_form=signal_form, decision_key=secrets.token_hex(16),
             done=done if done in RUN_ACTIONS or done in SIGNAL_OUTCOMES else None)
 
     @app.get("/ui/runs/{workflow_id}", include_in_schema=False)
@@ -289,6 +290,11 @@ def mount_console(app: FastAPI, services: Services) -> None:
                 if not form.get("branch"):
                     raise Invalid("pick the branch to promote")
                 await scoped.merge(workflow_id, form["branch"], reason)
+            elif action in DECISIONS:
+                # The page's key: a double click or a resubmitted form decides once.
+                key = form.get("key") or None
+                await getattr(scoped, action)(workflow_id, reason,
+                                              idempotency_key="console:" + key if key else None)
             else:
                 await getattr(scoped, action)(workflow_id, reason)
             return RedirectResponse(f"/ui/runs/{quote(workflow_id, safe='')}?done={action}",

@@ -11,11 +11,16 @@ message for the same seq was sent moments ago.
 
 Approve and reject are review decisions: signals (``phasegate.approve``/``phasegate.reject``)
 sent through phasegate/signals.py, which writes the same run row, outbox row and
-``control_actions`` row in its transaction.
+``control_actions`` row in its transaction. Sent with an idempotency key, a decision is made
+once: a retry of the key gets the first answer back (the same action, run and ``sent``, kept
+with the signal, migration 0018) instead of a 409 from the run having moved on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +34,8 @@ from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
 from phasegate.signals import (
+    ACTIONS,
+    MAX_KEY_CHARS,
     NotUnderReview,
     RunFinished,
     RunNotFound,
@@ -48,6 +55,13 @@ CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart
 # A run that changes under an action this many times in a row is reported as a conflict.
 MAX_RACES = 5
 REASON_LIMIT = 1000
+# An idempotency key of a review decision: visible ASCII, what an HTTP header carries
+# unchanged through proxies, and no longer than a signal's key (the same column).
+DECISION_KEY_PATTERN = rf"^[!-~]{{1,{MAX_KEY_CHARS}}}$"
+# A retry that finds its key's decision still finishing (the first request has not kept its
+# answer yet) waits this long for that answer, then answers from the run as it is now.
+REPLAY_WAIT_S = 5.0
+REPLAY_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,17 @@ class Outcome:
     run: Run
     action: str
     sent: bool | None = None
+    # The first answer to a decision's idempotency key, given again (nothing changed).
+    replayed: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"action": self.action, "sent": self.sent,
+                           "run": self.run.model_dump(mode="json")})
+
+    @classmethod
+    def replay(cls, stored: str) -> Outcome:
+        kept = json.loads(stored)
+        return cls(Run.model_validate(kept["run"]), kept["action"], kept["sent"], True)
 
 
 @dataclass(frozen=True)
@@ -182,11 +207,16 @@ class Control:
     async def restart(self, workflow_id: str, reason: str | None = None) -> Outcome:
         return await self._resume(RULES["restart"], workflow_id, reason)
 
-    async def approve(self, workflow_id: str, reason: str | None = None) -> Outcome:
-        return await self._decide(RULES["approve"], workflow_id, reason)
+    async def approve(self, workflow_id: str, reason: str | None = None, *,
+                      idempotency_key: str | None = None) -> Outcome:
+        """Continue a run under review. With ``idempotency_key``, a repeat returns the first
+        answer (``replayed``) and changes nothing."""
+        return await self._decide(RULES["approve"], workflow_id, reason, idempotency_key)
 
-    async def reject(self, workflow_id: str, reason: str | None = None) -> Outcome:
-        return await self._decide(RULES["reject"], workflow_id, reason)
+    async def reject(self, workflow_id: str, reason: str | None = None, *,
+                     idempotency_key: str | None = None) -> Outcome:
+        """Re-run the phase under review; ``idempotency_key`` as for ``approve``."""
+        return await self._decide(RULES["reject"], workflow_id, reason, idempotency_key)
 
     async def redrive(self, workflow_id: str, reason: str | None = None) -> Outcome:
         return await self._resume(REDRIVE, workflow_id, reason)
@@ -215,25 +245,64 @@ class Control:
             return Outcome(await self.views.get_run(workflow_id), rule.action, sent)
         raise Conflict(f"run {workflow_id} kept changing; try again")
 
-    async def _decide(self, rule: Rule, workflow_id: str, reason: str | None) -> Outcome:
+    async def _decide(self, rule: Rule, workflow_id: str, reason: str | None,
+                      key: str | None = None) -> Outcome:
         """approve/reject: the review's decision signal (phasegate/signals.py)."""
+        if key is not None and re.fullmatch(DECISION_KEY_PATTERN, key) is None:
+            raise Invalid(f"an idempotency key is 1-{MAX_KEY_CHARS} visible ASCII characters "
+                          "(no spaces)")
         for _ in range(MAX_RACES):
             run = await self.views.get_run(workflow_id)
             if run.status not in rule.allowed:
+                # A retry of a decided key finds the run moved on: the first answer, not 409.
+                first = await self._first_answer(workflow_id, key) if key else None
+                if first is not None:
+                    return first
                 raise refuse(rule, run)
             self._resume_point(rule, run)  # a run with no current phase: a clear Conflict
             try:
                 result = await send_decision(self.pool, workflow_id, rule.action,
-                                             _clip(reason), queue=self.queue, actor=self.actor)
+                                             _clip(reason), idempotency_key=key,
+                                             queue=self.queue, actor=self.actor)
             except (NotUnderReview, RunFinished):
                 continue  # the run changed since we read it: decide again
             except RunNotFound as exc:
                 raise NotFound(str(exc)) from None
+            if key is not None and result.duplicate:
+                # The key's decision was made first (under the run's lock): its answer.
+                first = await self._first_answer(workflow_id, key)
+                if first is not None:
+                    return first
+                continue
             log.info("run_resumed", workflow_id=workflow_id, action=rule.action,
                      from_status=run.status, seq=run.seq, epoch=run.epoch + 1,
                      sent=result.sent)
-            return Outcome(await self.views.get_run(workflow_id), rule.action, result.sent)
+            outcome = Outcome(await self.views.get_run(workflow_id), rule.action, result.sent)
+            if key is not None:
+                await self.pool.execute(self._q["keep_decision_outcome"], result.signal_id,
+                                        outcome.to_json())
+            return outcome
         raise Conflict(f"run {workflow_id} kept changing; try again")
+
+    async def _first_answer(self, workflow_id: str, key: str) -> Outcome | None:
+        """The answer the first request with ``key`` got; None: no decision has this key.
+        One still finishing is waited for (briefly); one never kept (that request died
+        before answering) is answered from the run as it is now."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLAY_WAIT_S
+        while True:
+            row = await self.pool.fetchrow(self._q["decision_by_key"], workflow_id, key)
+            if row is None:
+                return None
+            if row["name"] not in ACTIONS:
+                raise Conflict(f"idempotency key {key!r} was used for a signal to run "
+                               f"{workflow_id}, not for a review decision")
+            if row["outcome"] is not None:
+                return Outcome.replay(row["outcome"])
+            if loop.time() >= deadline:
+                return Outcome(await self.views.get_run(workflow_id), ACTIONS[row["name"]],
+                               None, replayed=True)
+            await asyncio.sleep(REPLAY_POLL_S)
 
     def _resume_point(self, rule: Rule, run: Run) -> tuple[str, int | None]:
         """The phase the resuming message names, and the schema version to set (restart)."""

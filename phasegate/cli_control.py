@@ -18,7 +18,13 @@ from typing import Any
 import click
 
 from phasegate.orchestrator import render
-from phasegate.orchestrator.backends import ApiBackend, Backend, BackendError, DatabaseBackend
+from phasegate.orchestrator.backends import (
+    DECISIONS,
+    ApiBackend,
+    Backend,
+    BackendError,
+    DatabaseBackend,
+)
 
 API_OPTION = click.option(
     "--api", "api_url", envvar="PHASEGATE_API_URL",
@@ -199,10 +205,10 @@ def _action_command(action: str, help_text: str) -> click.Command:
     @click.option("--reason", help="Why (kept in the run's action log).")
     @OUTPUT_OPTION
     def command(api_url: str | None, workflow_id: str, reason: str | None,
-                output: str) -> None:
+                output: str, idempotency_key: str | None = None) -> None:
         backend = _backend(api_url, needs_registry=action == "restart")
         try:
-            result = backend.act(action, workflow_id, reason)
+            result = backend.act(action, workflow_id, reason, idempotency_key)
         except BackendError as exc:
             _fail(exc)
         finally:
@@ -210,6 +216,12 @@ def _action_command(action: str, help_text: str) -> click.Command:
         click.echo(json.dumps(result, indent=2) if output == "json"
                    else render.action(result))
 
+    if action in DECISIONS:  # a review decision is made once per key; a retry gets its answer
+        command = click.option(
+            "--idempotency-key",
+            help="1-200 visible ASCII characters. A retry with the same key prints the first "
+                 "answer and changes nothing (without one, a retry is refused: the run is no "
+                 "longer awaiting review).")(command)
     return command
 
 

@@ -162,6 +162,11 @@ def _signal_body(payload: Any, idempotency_key: str | None) -> dict[str, Any]:
     return {"payload": payload, "idempotency_key": idempotency_key}
 
 
+def _key_header(idempotency_key: str | None) -> dict[str, str]:
+    # The header, as the API's review decisions take it (the signal route takes it in the body).
+    return {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+
+
 @dataclass(frozen=True)
 class ActionResult:
     """What an action did: the run as it is now; ``sent`` False means the relay sends it."""
@@ -300,8 +305,10 @@ class Client:
                 return
             cursor = page.next_cursor
 
-    def _act(self, action: str, workflow_id: str, reason: str | None) -> ActionResult:
-        body = self._call("POST", _path(workflow_id, action), json={"reason": reason})
+    def _act(self, action: str, workflow_id: str, reason: str | None,
+             idempotency_key: str | None = None) -> ActionResult:
+        body = self._call("POST", _path(workflow_id, action), json={"reason": reason},
+                          headers=_key_header(idempotency_key))
         return ActionResult(body["action"], Run.from_json(body["run"]), body.get("sent"))
 
     def cancel(self, workflow_id: str, reason: str | None = None) -> ActionResult:
@@ -310,11 +317,16 @@ class Client:
     def retry(self, workflow_id: str, reason: str | None = None) -> ActionResult:
         return self._act("retry", workflow_id, reason)
 
-    def approve(self, workflow_id: str, reason: str | None = None) -> ActionResult:
-        return self._act("approve", workflow_id, reason)
+    def approve(self, workflow_id: str, reason: str | None = None, *,
+                idempotency_key: str | None = None) -> ActionResult:
+        """Continue a run awaiting review. With ``idempotency_key`` (1-200 visible ASCII
+        characters), a retry of the call gets the first answer instead of a ``Conflict``."""
+        return self._act("approve", workflow_id, reason, idempotency_key)
 
-    def reject(self, workflow_id: str, reason: str | None = None) -> ActionResult:
-        return self._act("reject", workflow_id, reason)
+    def reject(self, workflow_id: str, reason: str | None = None, *,
+               idempotency_key: str | None = None) -> ActionResult:
+        """Re-run the phase under review; ``idempotency_key`` as for ``approve``."""
+        return self._act("reject", workflow_id, reason, idempotency_key)
 
     def signal(self, workflow_id: str, name: str, payload: Any = None, *,
                idempotency_key: str | None = None) -> SignalSent:
@@ -390,8 +402,10 @@ class AsyncClient:
             status, workflow, phase, limit, cursor))
         return RunPage([Run.from_json(r) for r in body["runs"]], body.get("next_cursor"))
 
-    async def _act(self, action: str, workflow_id: str, reason: str | None) -> ActionResult:
-        body = await self._call("POST", _path(workflow_id, action), json={"reason": reason})
+    async def _act(self, action: str, workflow_id: str, reason: str | None,
+                   idempotency_key: str | None = None) -> ActionResult:
+        body = await self._call("POST", _path(workflow_id, action), json={"reason": reason},
+                                headers=_key_header(idempotency_key))
         return ActionResult(body["action"], Run.from_json(body["run"]), body.get("sent"))
 
     async def cancel(self, workflow_id: str, reason: str | None = None) -> ActionResult:
@@ -400,11 +414,15 @@ class AsyncClient:
     async def retry(self, workflow_id: str, reason: str | None = None) -> ActionResult:
         return await self._act("retry", workflow_id, reason)
 
-    async def approve(self, workflow_id: str, reason: str | None = None) -> ActionResult:
-        return await self._act("approve", workflow_id, reason)
+    async def approve(self, workflow_id: str, reason: str | None = None, *,
+                      idempotency_key: str | None = None) -> ActionResult:
+        """Continue a run awaiting review (see ``Client.approve``)."""
+        return await self._act("approve", workflow_id, reason, idempotency_key)
 
-    async def reject(self, workflow_id: str, reason: str | None = None) -> ActionResult:
-        return await self._act("reject", workflow_id, reason)
+    async def reject(self, workflow_id: str, reason: str | None = None, *,
+                     idempotency_key: str | None = None) -> ActionResult:
+        """Re-run the phase under review (see ``Client.approve``)."""
+        return await self._act("reject", workflow_id, reason, idempotency_key)
 
     async def signal(self, workflow_id: str, name: str, payload: Any = None, *,
                      idempotency_key: str | None = None) -> SignalSent:

@@ -202,3 +202,16 @@ SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM cp) AS checkpo
 
 -- name: run_exists
 SELECT 1 FROM workflow_runs WHERE workflow_id = $1
+
+-- name: decision_by_key
+-- A review decision sent before with this idempotency key (0018): which one, and the answer
+-- its caller got (NULL: not kept yet -- that request is still finishing -- or a decision from
+-- before 0018). A key used for a user signal comes back with its name, so it is refused.
+SELECT name, outcome::text AS outcome
+  FROM signals
+ WHERE workflow_id = $1 AND idempotency_key = $2;
+
+-- name: keep_decision_outcome
+-- The first answer to a keyed decision, kept once: a second write changes nothing.
+UPDATE signals SET outcome = $2::jsonb
+ WHERE signal_id = $1 AND outcome IS NULL;

@@ -147,6 +147,17 @@ def test_actions_directly_against_the_database(cli: Any, settings: Settings) -> 
     assert "retry   failed" in actions.stdout and "fixed the bug" in actions.stdout
     assert cli("approve", "missing").exit_code == 1
 
+    # A review decision with a key, straight to the database: a retry prints the first answer.
+    add_run(settings, "v-1", "awaiting_review", next_seq=1)
+    decided = cli("reject", "v-1", "--idempotency-key", "db-v-1", "-o", "json")
+    assert decided.exit_code == 0, decided.output
+    repeated = cli("reject", "v-1", "--idempotency-key", "db-v-1", "-o", "json")
+    assert repeated.exit_code == 0 and json.loads(repeated.stdout) == json.loads(decided.stdout)
+    assert value(settings, "SELECT count(*) FROM control_actions "
+                 "WHERE workflow_id = 'v-1'") == 1
+    bad = cli("reject", "v-1", "--idempotency-key", "é")
+    assert bad.exit_code == 2 and "visible ASCII" in bad.stderr
+
 
 def test_purge_dry_run_then_batches(cli: Any, settings: Settings) -> None:
     for i in range(5):
@@ -188,11 +199,18 @@ def test_commands_through_the_api(cli: Any, settings: Settings) -> None:
         status = cli("status", "--api", url)
         assert status.exit_code == 0, status.output
         assert "awaiting_review" in status.stdout and "queue: 0 visible" in status.stdout
-        approved = cli("approve", "a-1", "--api", url, "--reason", "ok")
+        approved = cli("approve", "a-1", "--api", url, "--reason", "ok",
+                       "--idempotency-key", "cli-a-1")
         assert approved.exit_code == 0, approved.output
         assert approved.stdout.strip() == "approve: a-1 is now running"
+        # A retry of the command with its key (the first answer was lost): the same answer.
+        again = cli("approve", "a-1", "--api", url, "--idempotency-key", "cli-a-1", "-o", "json")
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout)["action"] == "approve"
         refused = cli("reject", "a-1", "--api", url)
         assert refused.exit_code == 1 and "needs awaiting_review" in refused.stderr
+        bad_key = cli("reject", "a-1", "--api", url, "--idempotency-key", "not ok")
+        assert bad_key.exit_code == 2 and "idempotency-key" in bad_key.stderr
         inspected = cli("inspect", "a-1", "--api", url)
         assert "approve  awaiting_review" in inspected.stdout
         assert cli("cancel", "zzz", "--api", url).exit_code == 1

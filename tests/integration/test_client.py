@@ -137,6 +137,31 @@ async def test_review_approve_reject_and_wait_timeout(stack: Stack) -> None:
     await fetch(stack.dsn, "INSERT INTO test_gates (name) VALUES ('g-sync')")
 
 
+async def test_a_retried_decision_with_its_key_is_not_a_second_decision(stack: Stack) -> None:
+    """With a real worker and orchestrator: the run is rejected with a key and comes back to
+    review; a retry of that call (same key) answers the first rejection and does NOT reject
+    the new review round. The approve with its own key completes the run."""
+    async with AsyncClient(stack.url, token=stack.tokens["otto"]) as api:
+        await api.start("review", {}, workflow_id="rv-k")
+        assert (await api.wait("rv-k", timeout=60)).status == "awaiting_review"
+        rejected = await api.reject("rv-k", "draft again", idempotency_key="rv-k/round-1")
+        assert rejected.action == "reject" and rejected.run.status == "running"
+        assert (await api.wait("rv-k", timeout=60)).status == "awaiting_review"
+        retried = await api.reject("rv-k", "draft again", idempotency_key="rv-k/round-1")
+        assert retried == rejected
+        assert (await api.get("rv-k")).status == "awaiting_review"  # round 2 still open
+        approved = await api.approve("rv-k", idempotency_key="rv-k/round-2")
+        assert (await api.wait("rv-k", timeout=60)).status == "completed"
+        assert await api.approve("rv-k", idempotency_key="rv-k/round-2") == approved
+        with pytest.raises(Conflict, match="needs awaiting_review"):
+            await api.approve("rv-k", idempotency_key="rv-k/round-3")
+        with pytest.raises(InvalidRequest, match="idempotency-key"):
+            await api.approve("rv-k", idempotency_key="round 3")
+    actions = await fetch(stack.dsn, "SELECT action FROM control_actions WHERE "
+                          "workflow_id = 'rv-k' ORDER BY action_id")
+    assert [r["action"] for r in actions] == ["reject", "approve"]
+
+
 async def test_signal_ends_a_wait_once_and_unknown_runs_are_typed(stack: Stack) -> None:
     async with AsyncClient(stack.url, token=stack.tokens["otto"]) as api:
         await api.start("signalled", {"timeout_s": 600}, workflow_id="sg-1")

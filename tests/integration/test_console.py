@@ -214,6 +214,32 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(console: Console)
     assert await fetchval(console.dsn, "SELECT status FROM workflow_runs") == "cancelled"
 
 
+KEY = re.compile(r'name="key" value="([0-9a-f]{32})"')
+
+
+async def test_a_resubmitted_review_form_decides_once(console: Console) -> None:
+    """The approve and reject forms carry one key per page view: the form sent twice (a double
+    click, a browser's resubmit) decides once and lands on the run page both times."""
+    await add_run(console.dsn, "r-twice", "awaiting_review")
+    async with console.session("otto") as operator:
+        page = await operator.get("/ui/runs/r-twice")
+        keys = KEY.findall(page.text)
+        assert len(keys) == 2 and keys[0] == keys[1]  # approve's and reject's form
+        form = {"csrf": csrf_of(page.text), "key": keys[0], "reason": "ship it"}
+        for _ in range(2):
+            sent = await operator.post("/ui/runs/r-twice/approve", data=form)
+            assert sent.status_code == 303 and sent.headers["location"].endswith("done=approve")
+        # The run is running now: no review forms, and another key is refused as before.
+        assert KEY.findall((await operator.get("/ui/runs/r-twice")).text) == []
+        stale = await operator.post("/ui/runs/r-twice/reject",
+                                    data={**form, "key": "0" * 32})
+        assert stale.status_code == 409
+    rows = await fetch(console.dsn, "SELECT action, reason FROM control_actions")
+    assert [tuple(r) for r in rows] == [("approve", "ship it")]
+    assert await fetchval(console.dsn, "SELECT idempotency_key FROM signals") == (
+        "console:" + keys[0])
+
+
 async def test_redrive_rebuilds_from_the_run_row_once(console: Console) -> None:
     await add_run(console.dsn, "r-failed", "failed", phase="held", seq=1)
     await fetch(console.dsn, "INSERT INTO quarantine (message_id, workflow_id, reason, "

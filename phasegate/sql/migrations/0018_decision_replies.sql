@@ -1,0 +1,11 @@
+-- phasegate schema v18: the answer to a review decision sent with an idempotency key.
+-- Additive: a decision stored before it has no answer kept, and a retry of its key is
+-- answered from the run as it is now (orchestrator/control.py).
+--
+-- POST /v1/workflows/{id}/approve|reject with an Idempotency-Key header (and `phasegate
+-- approve|reject --idempotency-key`): a retry with the same key must get the first answer
+-- (200, the same body), even after the run moved on. The decision itself is already the
+-- signals row with that key (phasegate.approve / phasegate.reject, 0014); the answer the
+-- caller got -- the action, the run as it was just after the decision, whether its message
+-- reached SQS -- is kept next to it, written once. Deleted with the run like the signal.
+ALTER TABLE signals ADD COLUMN IF NOT EXISTS outcome jsonb;
