@@ -295,7 +295,7 @@ class Control:
             if row is None:
                 return None
             if row["name"] not in ACTIONS:
-                raise Conflict(f"this idempotency key was used for a signal to run "
+                raise Conflict("this idempotency key was used for a signal to run "
                                f"{workflow_id}, not for a review decision")
             if row["outcome"] is not None:
                 return Outcome.replay(row["outcome"])
