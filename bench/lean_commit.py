@@ -33,11 +33,25 @@ from bench.common import ROOT, PrivateCluster, machine, with_database
 from bench.workload import PAYLOAD
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.migrate import migrate
-from phasegate.sql import queries
+from phasegate.sql import migration_files, queries
 from phasegate.store import PhaseCommit, Store, create_pool
 
 # "before": the newest schema without the hot position (migration 0017).
 BEFORE_VERSION = 16
+# The hot path's statements as server functions (0018): they name only tables and columns that
+# exist before 0017, so the "before" schema gets them too and runs the same statements.
+FUNCTIONS_VERSION = 18
+
+
+async def migrate_before(dsn: str) -> None:
+    """The schema before the hot position, with the hot path's server functions."""
+    await migrate(dsn, target=BEFORE_VERSION)
+    sql = next(text for version, _, text in migration_files() if version == FUNCTIONS_VERSION)
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
 WORKFLOW = "bench-lean"
 TABLES = ("workflow_runs", "run_positions", "checkpoints", "outbox")
 STATS_DEADLINE_S = 30.0
@@ -231,7 +245,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     await admin.execute(f'CREATE DATABASE "{name}"')
                     dsn = with_database(server, name)
                     try:
-                        await migrate(dsn, target=BEFORE_VERSION if schema == "before" else None)
+                        if schema == "before":
+                            await migrate_before(dsn)
+                        else:
+                            await migrate(dsn)
                         figures = await measure(dsn, runs=args.runs, phases=args.phases,
                                                 grouped=path == "group")
                     finally:

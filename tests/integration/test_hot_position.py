@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from bench.lean_commit import BEFORE_VERSION, measure
+from bench.lean_commit import BEFORE_VERSION, measure, migrate_before
 from phasegate.migrate import migrate
 from phasegate.sql import migration_files
 from tests.helpers import fetch, fetchval
@@ -48,7 +48,7 @@ async def test_plain_commits_update_the_run_row_and_its_position_hot(database_ur
 async def test_before_the_migration_no_commit_was_hot(empty_database_url):
     """The same measurement on the schema before 0017: it sees what made every update
     non-HOT (so the test above could fail)."""
-    await migrate(empty_database_url, target=BEFORE_VERSION)
+    await migrate_before(empty_database_url)
     figures = await measure(empty_database_url, runs=2, phases=5, grouped=False)
     assert figures["tables"]["workflow_runs"] == {"updates": 10, "hot_updates": 0,
                                                   "hot_ratio": 0.0}
@@ -136,7 +136,7 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
             "next_seq, current_phase, tier, tier_label, updated_at) "
             "VALUES ($1, 'w', 1, $2, $3, 'ph', 1, 't', now() - interval '1 hour')",
             [(f"m-{s}", s, i) for i, s in enumerate(statuses)])
-        report = await migrate(empty_database_url)
+        report = await migrate(empty_database_url, target=17)
         assert report.applied[-1] == "0017_hot_position"
         assert await connection.fetch(DISAGREEMENTS) == []
         unfinished = {f"m-{s}" for s in statuses if s not in ENDED}
