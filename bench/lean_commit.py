@@ -1,6 +1,6 @@
 """WAL bytes and HOT updates per plain transition: the lean commit, before and after.
 
-    python -m bench.lean_commit            # the schema before 0017 and the newest, both paths
+    python -m bench.lean_commit            # 0017's dropped indexes back, and the newest schema
     python -m bench.lean_commit --runs 16 --phases 100 --schemas after --paths group
 
 Runs plain transitions (a phase that advances: checkpoint, run position, successor row, then
@@ -33,23 +33,28 @@ from bench.common import ROOT, PrivateCluster, machine, with_database
 from bench.workload import PAYLOAD
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.migrate import migrate
-from phasegate.sql import migration_files, queries
+from phasegate.sql import queries
 from phasegate.store import PhaseCommit, Store, create_pool
 
-# "before": the newest schema without the hot position (migration 0017).
-BEFORE_VERSION = 16
-# The hot path's statements as server functions (0018): they name only tables and columns that
-# exist before 0017, so the "before" schema gets them too and runs the same statements.
-FUNCTIONS_VERSION = 18
+# What 0017 dropped, as 0003 created it: the indexes that named columns a commit changes.
+BLOCKING_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS workflow_runs_phase_created_idx"
+    " ON workflow_runs (current_phase, created_at DESC, workflow_id DESC)",
+    "CREATE INDEX IF NOT EXISTS workflow_runs_stall_idx ON workflow_runs (updated_at)"
+    " INCLUDE (workflow, current_phase, tier, tier_label, status)"
+    " WHERE status IN ('pending', 'running', 'awaiting_review')",
+)
 
 
 async def migrate_before(dsn: str) -> None:
-    """The schema before the hot position, with the hot path's server functions."""
-    await migrate(dsn, target=BEFORE_VERSION)
-    sql = next(text for version, _, text in migration_files() if version == FUNCTIONS_VERSION)
+    """The newest schema with 0017's dropped indexes put back: what kept every commit from
+    being HOT before it. (The hot path's statements are server functions since 0018, which
+    need the newest schema; the indexes are the whole difference that matters here.)"""
+    await migrate(dsn)
     connection = await asyncpg.connect(dsn)
     try:
-        await connection.execute(sql)
+        for statement in BLOCKING_INDEXES:
+            await connection.execute(statement)
     finally:
         await connection.close()
 WORKFLOW = "bench-lean"
@@ -300,7 +305,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--phases", type=int, default=100)
     parser.add_argument("--schemas", default="before,after",
-                        help=f"before (migrations up to {BEFORE_VERSION}), after (all)")
+                        help="before (the indexes 0017 dropped put back), after (all)")
     parser.add_argument("--paths", default="single,group")
     parser.add_argument("--dsn", help="a server DSN instead of a private cluster (WAL then "
                         "includes other clients' writes)")

@@ -13,10 +13,19 @@
 -- changed), so what a commit writes, its conditions and its atomicity (one statement) are
 -- what they were; sql/queries.sql keeps the call under the same name.
 --
--- SECURITY INVOKER (the default): a function runs with the caller's grants, so the worker role
--- can do through it exactly what it could do with the statement. `#variable_conflict
--- use_column`: a result column named like a table column (workflow_id, outbox_id) means the
--- table's column inside the body, as it did in the statement.
+-- The loads are SECURITY INVOKER (the default): they run with the caller's grants. The two
+-- commits are SECURITY DEFINER, executable by the worker role only (end of file), with a fixed
+-- search_path: they write the run's position and delete a spent outbox row, which no role may
+-- do directly. `#variable_conflict use_column`: a result column named like a table column
+-- (workflow_id, outbox_id) means the table's column inside the body, as it did in the
+-- statement.
+--
+-- No row trigger on the commit. The position trigger of 0017 fired on every commit: an AFTER
+-- trigger event, a PL/pgSQL call and its UPDATE, a quarter to a third of the commit's own
+-- Postgres time in a loop of commits. The commit writes the position itself in its statement
+-- (the pos and ended CTEs) and sets a transaction-local flag that the trigger's WHEN clause
+-- reads; every other writer of a run (control plane, admissions, branches, an operator's SQL)
+-- still goes through the trigger.
 --
 -- The outbox, two writes fewer per transition (`python -m bench.lean_commit` has the WAL by
 -- record type):
@@ -170,9 +179,10 @@ CREATE OR REPLACE FUNCTION phasegate_commit_phase(
     p_error text, p_review text, p_wait_s float8, p_wait_until timestamptz,
     p_wait_signal text, p_lease_holder text, p_lease_s float8, p_consumed bigint)
 RETURNS TABLE (committed_at timestamptz, outbox_id bigint, signals_matched bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
 #variable_conflict use_column
 BEGIN
+    PERFORM set_config('phasegate.own_position', 'on', true);
     RETURN QUERY
     WITH kept AS (
         SELECT min(signal_id) AS signal_id FROM signals
@@ -191,7 +201,20 @@ BEGIN
                tier = $10, tier_label = $11, review = coalesce($21::jsonb, review),
                updated_at = now(), finished_at = CASE WHEN $9 = 'completed' THEN now() END
          WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
-        RETURNING workflow_id
+        RETURNING workflow_id, status, next_seq, current_phase, tier, tier_label, updated_at
+    ), pos AS (
+        -- The run's position (run_positions, 0017), written by this statement: the row
+        -- trigger stands down for it (header).
+        UPDATE run_positions p
+           SET status = run.status, next_seq = run.next_seq, current_phase = run.current_phase,
+               tier = run.tier, tier_label = run.tier_label, updated_at = run.updated_at
+          FROM run
+         WHERE p.workflow_id = run.workflow_id
+           AND run.status NOT IN ('completed', 'failed', 'cancelled')
+    ), ended AS (
+        DELETE FROM run_positions p USING run
+         WHERE p.workflow_id = run.workflow_id
+           AND run.status IN ('completed', 'failed', 'cancelled')
     ), cp AS (
         INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
                                  state_hash, tier, tier_label, resource_versions, worker_id, trace_id,
@@ -225,6 +248,7 @@ BEGIN
     SELECT (SELECT created_at FROM cp) AS committed_at,
            (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
            (SELECT count(*) FROM sig) AS signals_matched;
+    PERFORM set_config('phasegate.own_position', 'off', true);
 END $fn$;
 
 -- Group commit: commit_phase for many runs in one statement (queries.sql commit_phases).
@@ -236,9 +260,10 @@ CREATE OR REPLACE FUNCTION phasegate_commit_phases(
     p_error text[], p_review text[], p_wait_s float8[], p_wait_until timestamptz[],
     p_wait_signal text[], p_lease_holder text[], p_lease_s float8[], p_consumed bigint[])
 RETURNS TABLE (i bigint, committed_at timestamptz, outbox_id bigint, signals_matched bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
 #variable_conflict use_column
 BEGIN
+    PERFORM set_config('phasegate.own_position', 'on', true);
     RETURN QUERY
     WITH batch AS (
         SELECT *
@@ -263,7 +288,21 @@ BEGIN
                updated_at = now(), finished_at = CASE WHEN b.status = 'completed' THEN now() END
           FROM batch b
          WHERE r.workflow_id = b.workflow_id AND r.next_seq = b.seq AND r.status = 'running'
-        RETURNING b.i
+        RETURNING b.i, r.workflow_id, r.status, r.next_seq, r.current_phase, r.tier,
+                  r.tier_label, r.updated_at
+    ), pos AS (
+        -- The run's position (run_positions, 0017), written by this statement: the row
+        -- trigger stands down for it (header).
+        UPDATE run_positions p
+           SET status = run.status, next_seq = run.next_seq, current_phase = run.current_phase,
+               tier = run.tier, tier_label = run.tier_label, updated_at = run.updated_at
+          FROM run
+         WHERE p.workflow_id = run.workflow_id
+           AND run.status NOT IN ('completed', 'failed', 'cancelled')
+    ), ended AS (
+        DELETE FROM run_positions p USING run
+         WHERE p.workflow_id = run.workflow_id
+           AND run.status IN ('completed', 'failed', 'cancelled')
     ), won AS (
         SELECT b.* FROM batch b JOIN run ON run.i = b.i
     ), cp AS (
@@ -290,4 +329,43 @@ BEGIN
     SELECT won.i, cp.created_at AS committed_at, ob.outbox_id, 0::bigint AS signals_matched
       FROM won JOIN cp ON cp.workflow_id = won.workflow_id
       LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
+    PERFORM set_config('phasegate.own_position', 'off', true);
 END $fn$;
+
+-- The position trigger (0017) stands down for the commit's own statement, which writes the
+-- position itself (above); every other writer of a run keeps it in step as before. The flag
+-- is transaction-local and the commit functions turn it off again before they return, so it
+-- never reaches another statement (and a pooler hands no state to the next client).
+DROP TRIGGER IF EXISTS workflow_runs_position_update ON workflow_runs;
+CREATE TRIGGER workflow_runs_position_update AFTER UPDATE ON workflow_runs
+    FOR EACH ROW
+    WHEN ((OLD.workflow, OLD.status, OLD.next_seq, OLD.current_phase, OLD.tier,
+           OLD.tier_label, OLD.updated_at)
+          IS DISTINCT FROM (NEW.workflow, NEW.status, NEW.next_seq, NEW.current_phase,
+                            NEW.tier, NEW.tier_label, NEW.updated_at)
+          AND current_setting('phasegate.own_position', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION phasegate_track_position();
+
+-- The commit functions run with their owner's rights (SECURITY DEFINER: the position, and a
+-- spent outbox row's delete, which the worker role cannot do itself), so only the roles that
+-- commit phases may call them.
+REVOKE ALL ON FUNCTION phasegate_commit_phase(text, text, integer, text, integer, text, text,
+    text, text, integer, text, text, text, text, text, text, text, text, integer, text, text,
+    float8, timestamptz, text, text, float8, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION phasegate_commit_phases(text[], text[], integer[], text[], integer[],
+    text[], text[], text[], text[], integer[], text[], text[], text[], text[], text[], text[],
+    text[], text[], integer[], text[], text[], float8[], timestamptz[], text[], text[],
+    float8[], bigint[]) FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'phasegate_worker') THEN
+        GRANT EXECUTE ON FUNCTION phasegate_commit_phase(text, text, integer, text, integer,
+            text, text, text, text, integer, text, text, text, text, text, text, text, text,
+            integer, text, text, float8, timestamptz, text, text, float8, bigint)
+            TO phasegate_worker;
+        GRANT EXECUTE ON FUNCTION phasegate_commit_phases(text[], text[], integer[], text[],
+            integer[], text[], text[], text[], text[], integer[], text[], text[], text[],
+            text[], text[], text[], text[], text[], integer[], text[], text[], float8[],
+            timestamptz[], text[], text[], float8[], bigint[]) TO phasegate_worker;
+    END IF;
+END $$;
