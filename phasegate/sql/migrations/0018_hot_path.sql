@@ -181,8 +181,10 @@ CREATE OR REPLACE FUNCTION phasegate_commit_phase(
 RETURNS TABLE (committed_at timestamptz, outbox_id bigint, signals_matched bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
 #variable_conflict use_column
+DECLARE
+    flag text;  -- an assignment is evaluated as a simple expression; PERFORM runs a query
 BEGIN
-    PERFORM set_config('phasegate.own_position', 'on', true);
+    flag := set_config('phasegate.own_position', 'on', true);
     RETURN QUERY
     WITH kept AS (
         SELECT min(signal_id) AS signal_id FROM signals
@@ -248,7 +250,7 @@ BEGIN
     SELECT (SELECT created_at FROM cp) AS committed_at,
            (SELECT outbox_id FROM ob WHERE due_at IS NULL OR due_at <= now()) AS outbox_id,
            (SELECT count(*) FROM sig) AS signals_matched;
-    PERFORM set_config('phasegate.own_position', 'off', true);
+    flag := set_config('phasegate.own_position', 'off', true);
 END $fn$;
 
 -- Group commit: commit_phase for many runs in one statement (queries.sql commit_phases).
@@ -262,8 +264,10 @@ CREATE OR REPLACE FUNCTION phasegate_commit_phases(
 RETURNS TABLE (i bigint, committed_at timestamptz, outbox_id bigint, signals_matched bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
 #variable_conflict use_column
+DECLARE
+    flag text;  -- an assignment is evaluated as a simple expression; PERFORM runs a query
 BEGIN
-    PERFORM set_config('phasegate.own_position', 'on', true);
+    flag := set_config('phasegate.own_position', 'on', true);
     RETURN QUERY
     WITH batch AS (
         SELECT *
@@ -329,7 +333,7 @@ BEGIN
     SELECT won.i, cp.created_at AS committed_at, ob.outbox_id, 0::bigint AS signals_matched
       FROM won JOIN cp ON cp.workflow_id = won.workflow_id
       LEFT JOIN ob ON ob.workflow_id = won.workflow_id;
-    PERFORM set_config('phasegate.own_position', 'off', true);
+    flag := set_config('phasegate.own_position', 'off', true);
 END $fn$;
 
 -- The position trigger (0017) stands down for the commit's own statement, which writes the
