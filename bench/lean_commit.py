@@ -1,6 +1,6 @@
 """WAL bytes and HOT updates per plain transition: the lean commit, before and after.
 
-    python -m bench.lean_commit            # the schema before 0017 and the newest, both paths
+    python -m bench.lean_commit            # 0017's dropped indexes back, and the newest schema
     python -m bench.lean_commit --runs 16 --phases 100 --schemas after --paths group
 
 Runs plain transitions (a phase that advances: checkpoint, run position, successor row, then
@@ -36,8 +36,27 @@ from phasegate.migrate import migrate
 from phasegate.sql import queries
 from phasegate.store import PhaseCommit, Store, create_pool
 
-# "before": the newest schema without the hot position (migration 0017).
-BEFORE_VERSION = 16
+# What 0017 dropped, as 0003 created it: the indexes that named columns a commit changes.
+BLOCKING_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS workflow_runs_phase_created_idx"
+    " ON workflow_runs (current_phase, created_at DESC, workflow_id DESC)",
+    "CREATE INDEX IF NOT EXISTS workflow_runs_stall_idx ON workflow_runs (updated_at)"
+    " INCLUDE (workflow, current_phase, tier, tier_label, status)"
+    " WHERE status IN ('pending', 'running', 'awaiting_review')",
+)
+
+
+async def migrate_before(dsn: str) -> None:
+    """The newest schema with 0017's dropped indexes put back: what kept every commit from
+    being HOT before it. (The hot path's statements are server functions since 0018, which
+    need the newest schema; the indexes are the whole difference that matters here.)"""
+    await migrate(dsn)
+    connection = await asyncpg.connect(dsn)
+    try:
+        for statement in BLOCKING_INDEXES:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
 WORKFLOW = "bench-lean"
 TABLES = ("workflow_runs", "run_positions", "checkpoints", "outbox")
 STATS_DEADLINE_S = 30.0
@@ -231,7 +250,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     await admin.execute(f'CREATE DATABASE "{name}"')
                     dsn = with_database(server, name)
                     try:
-                        await migrate(dsn, target=BEFORE_VERSION if schema == "before" else None)
+                        if schema == "before":
+                            await migrate_before(dsn)
+                        else:
+                            await migrate(dsn)
                         figures = await measure(dsn, runs=args.runs, phases=args.phases,
                                                 grouped=path == "group")
                     finally:
@@ -283,7 +305,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--phases", type=int, default=100)
     parser.add_argument("--schemas", default="before,after",
-                        help=f"before (migrations up to {BEFORE_VERSION}), after (all)")
+                        help="before (the indexes 0017 dropped put back), after (all)")
     parser.add_argument("--paths", default="single,group")
     parser.add_argument("--dsn", help="a server DSN instead of a private cluster (WAL then "
                         "includes other clients' writes)")

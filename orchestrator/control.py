@@ -13,7 +13,7 @@ Approve and reject are review decisions: signals (``phasegate.approve``/``phaseg
 sent through phasegate/signals.py, which writes the same run row, outbox row and
 ``control_actions`` row in its transaction. Sent with an idempotency key, a decision is made
 once: a retry of the key gets the first answer back (the same action, run and ``sent``, kept
-with the signal, migration 0018) instead of a 409 from the run having moved on.
+with the signal, migration 0019) instead of a 409 from the run having moved on.
 """
 
 from __future__ import annotations

@@ -32,6 +32,12 @@ async def record(ctx: Context, note: str = "") -> None:
         await connection.close()
 
 
+def branch_gate(gate: str, i: int) -> str:
+    """The gate branch ``i`` of a fork waits at, ``<gate>-<i>``: the branch workflows
+    (tests/workflows_branch*.py, workflows_tree.py) wait there, the tests open it by name."""
+    return f"{gate}-{i}"
+
+
 async def wait_gate(name: str, timeout: float = 120) -> None:
     """Block the phase until a test opens the gate (a row in test_gates)."""
     connection = await connect(ledger_dsn())

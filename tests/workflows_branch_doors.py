@@ -11,7 +11,7 @@ from typing import Any
 
 from phasegate import Context, Retry, Workflow
 from phasegate.db import connect
-from tests.workflows import ledger_dsn, record, wait_gate
+from tests.workflows import branch_gate, ledger_dsn, record, wait_gate
 
 # -- a race with a deadline: launch -> search x N (held at a gate unless fast) -> settle ------
 
@@ -31,7 +31,7 @@ async def launch(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 async def search(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
     if state["i"] != state["fast"]:
-        await wait_gate(f"{state['gate']}-{state['i']}")
+        await wait_gate(branch_gate(state["gate"], state["i"]))
     return {**state, "found": True}
 
 
@@ -135,7 +135,7 @@ async def draft(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 @drafts.phase("proofread")
 async def proofread(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
-    await wait_gate(f"{state['gate']}-{state['i']}")
+    await wait_gate(branch_gate(state["gate"], state["i"]))
     return {**state, "proofread": True}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from phasegate import Context, Workflow
-from tests.workflows import record, wait_gate
+from tests.workflows import branch_gate, record, wait_gate
 
 # -- fan-out / fan-in: split -> (work -> refine) x N -> combine -> publish -------------------
 
@@ -36,7 +36,7 @@ async def work(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 async def refine(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
     if state["i"] in state["gated"]:
-        await wait_gate(f"{state['gate']}-{state['i']}")
+        await wait_gate(branch_gate(state["gate"], state["i"]))
     return {**state, "refined": state["worked"] * 10}
 
 
@@ -76,7 +76,7 @@ async def plan(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 async def attempt(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
     if state["i"] != state["fast"]:
-        await wait_gate(f"{state['gate']}-{state['i']}")
+        await wait_gate(branch_gate(state["gate"], state["i"]))
     return {**state, "good": state["i"] in state.get("good_at_attempt", [])}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from phasegate import Context, NonRetryableError, Retry, Workflow
-from tests.workflows import record, wait_gate
+from tests.workflows import branch_gate, record, wait_gate
 
 # -- a 3-level fork tree: root -> l1 -> l2 -> leaf -> join3 -> join2 -> join1 -> done --------
 # root forks on main (merge join1); each level-1 branch forks again in l1 (merge join2); each
@@ -92,10 +92,10 @@ async def attempt(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx, ctx.branch)
     if state["i"] in state["fail"]:
         if state.get("fail_gate"):  # held until the test has seen the others finish
-            await wait_gate(f"{state['fail_gate']}-{state['i']}")
+            await wait_gate(branch_gate(state["fail_gate"], state["i"]))
         raise NonRetryableError("this strategy cannot work")
     if state.get("gate"):  # held until the test has seen the others fail
-        await wait_gate(f"{state['gate']}-{state['i']}")
+        await wait_gate(branch_gate(state["gate"], state["i"]))
     return {"i": state["i"], "result": state["i"] * 7}
 
 

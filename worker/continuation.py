@@ -32,6 +32,7 @@ from phasegate import metrics
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.store import Lease, OutboxRow, PhaseCommit, RunPosition, Store
 from phasegate.tiers import PhaseOutcome
+from phasegate.worker.outcomes import Action, Emit, Settlement
 from phasegate.workflow import Workflow
 
 
@@ -138,3 +139,19 @@ def advance(chain: Chain, leases: Leases, row: OutboxRow, successor: Envelope,
         attempts=0, state_json=commit.state_json, state_hash=commit.state_hash,
         state_version=commit.schema_version, progress_json=None)
     return Hop(successor, commit.next_phase, next_position, json.loads(commit.state_json))
+
+
+async def end_chain(chain: Chain, settlement: Settlement, leases: Leases,
+                    emit: Emit) -> Settlement:
+    """After a continued hop, the received message only woke the first one: delete it. A
+    leased row left unconsumed (the hop did not commit) goes out now, or for a retry when
+    its backoff ends (the lease is set to expire then, and the relay sends it)."""
+    if chain.hops == 0:
+        return settlement
+    row, chain.leased = chain.leased, None
+    if row is not None and settlement.action is Action.RELEASE:
+        await leases.expire_in(row, settlement.visibility_s)
+    elif row is not None:
+        leases.drop(row)
+        await emit(row)
+    return Settlement(Action.DELETE, settlement.outcome)

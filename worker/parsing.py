@@ -1,5 +1,5 @@
 """Step 1 of the transition: parse a received message into an envelope and its workflow, or
-name why it is poison (see worker/transition.py, which quarantines it)."""
+name why it is poison (worker/transition.py quarantines it through worker/poison.py)."""
 
 from __future__ import annotations
 

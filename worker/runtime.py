@@ -15,13 +15,11 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, suppress
-from typing import Any
 
 import structlog
 
 from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
-from phasegate.branches import Bounds
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received
@@ -29,18 +27,16 @@ from phasegate.residency import StoreRouter
 from phasegate.settings import Settings
 from phasegate.store import Store
 from phasegate.worker.batcher import MicroBatcher
-from phasegate.worker.continuation import ContinuationConfig
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
+from phasegate.worker.heartbeat import extend_leases, extend_visibility
+from phasegate.worker.outcomes import Action, Settlement
 from phasegate.worker.presence import reporter_for
 from phasegate.worker.probes import ProbeServer
+from phasegate.worker.side_tasks import SideTasks
 from phasegate.worker.startup import connect_dependencies
-from phasegate.worker.transition import (
-    Action,
-    PhaseTransition,
-    Settlement,
-    TransitionConfig,
-)
+from phasegate.worker.transition import PhaseTransition
+from phasegate.worker.transition_config import continuation_config, transition_config
 from phasegate.worker.watchdog import Watchdog, WatchdogSettings, start_watchdog
 from phasegate.workflow import Registry
 
@@ -180,68 +176,46 @@ class Worker:
             tracing.reset()  # decide once, now, whether the application configured an SDK
             self.transition = PhaseTransition(
                 store=self.store, queue=self.queue, dlq=self.dlq, registry=self.registry,
-                config=TransitionConfig(
-                    worker_id=self.settings.worker_id,
-                    max_message_bytes=self.settings.max_message_bytes,
-                    max_attempts=self.settings.max_attempts,
-                    retry_backoff_s=self.settings.retry_backoff_s,
-                    retry_backoff_max_s=self.settings.retry_backoff_max_s,
-                    stale_after_s=self.settings.stale_after_s,
-                    phase_timeout_s=self.settings.phase_timeout_s,
-                    branch_bounds=Bounds(self.settings.branch_max_depth,
-                                         self.settings.branch_max_live)),
-                faults=self.faults, sender=sender,
+                config=transition_config(self.settings), faults=self.faults, sender=sender,
                 # Outbox ids are per database: with several stores, mark each in its own.
                 mark_sent=None if isinstance(self.store, StoreRouter) else mark_sent,
-                continuation=self._continuation(), stopping=lambda: self._stop.is_set())
-            side = {asyncio.create_task(coro, name=name) for name, coro in (
-                ("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
-                ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
-                ("sender", sender.run()))}
+                continuation=continuation_config(self.settings, self.store),
+                stopping=lambda: self._stop.is_set())
+            side = SideTasks()
+            for name, work in (("heartbeat", self._heartbeat()), ("deleter", deleter.run()),
+                               ("releaser", releaser.run()), ("mark_sent", mark_sent.run()),
+                               ("sender", sender.run())):
+                side.start(name, work)
             # Best effort by design: the updater swallows its own failures, so it can never
             # be the side task that stops the worker.
             cost = updater_from_settings(self.settings, self._uncommitted_seconds)
             if cost is not None:
-                side.add(asyncio.create_task(cost.run(), name="deletion_cost"))
+                side.start("deletion_cost", cost.run())
             emergency = EmergencyController(self, self.watchdog_settings)
             watchdog: Watchdog | None = start_watchdog(
                 self.watchdog_settings, asyncio.get_running_loop(), emergency.submit)
             if watchdog is not None:
                 stack.callback(watchdog.stop)
-                side.add(asyncio.create_task(emergency.run(), name="emergency"))
+                side.start("emergency", emergency.run())
             # Logs and retries its own failures: a database outage never ends it.
             presence = reporter_for(self, emergency if watchdog is not None else None)
             if presence is not None:
-                side.add(asyncio.create_task(presence.run(), name="presence"))
+                side.start("presence", presence.run())
             self._ready = True
             metrics.READY.set(1)
             log.info("worker_ready", worker_id=self.settings.worker_id,
                      presence_id=presence.worker_id if presence else None,
                      workflows=self.registry.names(), concurrency=self.settings.concurrency)
             try:
-                await self._supervise(self._receive_loop(burst), side)
+                # A dead side task stops the worker loudly (worker/side_tasks.py).
+                await side.supervise(self._receive_loop(burst), stop=self.stop,
+                                     drain=self._drain)
                 await self._drain()
             finally:
                 self._ready = False
                 metrics.READY.set(0)
-                for task in side:
-                    task.cancel()
-                # The batchers flush what is queued on their way out (mark-sent, successor
-                # sends); bounded, because what they drop is the relay's anyway.
-                _, unflushed = await asyncio.wait(side, timeout=STOP_FLUSH_S)
-                for task in unflushed:
-                    task.cancel()
-                await asyncio.gather(*side, return_exceptions=True)
+                await side.stop(STOP_FLUSH_S)
             log.info("worker_stopped")
-
-    def _continuation(self) -> ContinuationConfig:
-        # Off with several stores (PHASEGATE_STORES): the heartbeat extends leases by outbox
-        # id, and outbox ids are per database.
-        return ContinuationConfig(
-            enabled=self.settings.continuation and not isinstance(self.store, StoreRouter),
-            max_hops=self.settings.continuation_max_hops,
-            max_s=self.settings.continuation_max_s,
-            lease_s=self.settings.visibility_timeout_s)
 
     def _uncommitted_seconds(self) -> list[float]:
         """Seconds each running phase has worked since its message was taken (uncommitted)."""
@@ -249,23 +223,6 @@ class Worker:
             return []
         now = time.monotonic()
         return [now - phase.started for phase in self.transition.running.values()]
-
-    async def _supervise(self, main: Awaitable[None], side: set[asyncio.Task[Any]]) -> None:
-        """Run the receive loop while watching the side tasks; a dead side task stops all."""
-        main_task = asyncio.ensure_future(main)
-        done, _ = await asyncio.wait({main_task, *side}, return_when=asyncio.FIRST_COMPLETED)
-        if main_task in done:
-            main_task.result()
-            return
-        failed = next(iter(done))
-        self.stop()
-        main_task.cancel()
-        with suppress(asyncio.CancelledError):
-            await main_task
-        error = failed.exception() if not failed.cancelled() else None
-        log.error("side_task_died", task=failed.get_name(), error=repr(error))
-        await self._drain()
-        raise RuntimeError(f"side task {failed.get_name()} stopped: {error!r}")
 
     # -- startup ------------------------------------------------------------------------------
 
@@ -474,18 +431,7 @@ class Worker:
                 log.warning("durable_abandoned_at_stop", commits=len(late_commits))
         await self.hand_back(list(self._held))
 
-    # -- heartbeat ------------------------------------------------------------------------------
-
-    async def _extend_leases(self) -> None:
-        """The outbox leases of local chains live as long as their held messages do."""
-        if self.transition is None or not self.transition.leases.held:
-            return
-        try:
-            # Bounded: a database outage must not hold up the SQS visibility extensions.
-            await asyncio.wait_for(self.transition.leases.extend(), self.settings.heartbeat_s)
-        except Exception as exc:  # a lease that runs out only hands the run to another worker
-            metrics.DB_ERRORS.inc()
-            log.warning("lease_heartbeat_failed", error=type(exc).__name__)
+    # -- heartbeat (worker/heartbeat.py) ------------------------------------------------------
 
     async def _heartbeat(self) -> None:
         """Extend the lease of every held message, so the visibility timeout can stay short
@@ -496,21 +442,6 @@ class Worker:
 
     async def _beat(self) -> None:
         assert self.queue is not None
-        await self._extend_leases()
-        handles = list(self._held)
-        if not handles:
-            return
-        try:
-            await self.queue.change_visibility(
-                [(h, self.settings.visibility_timeout_s) for h in handles])
-            metrics.HEARTBEATS.inc(len(handles))
-        except QueueError as exc:
-            # A handle settled (deleted) while the call was on its way fails too: that is no
-            # lost lease. One still held is: the message went back and may be taken elsewhere,
-            # and the commit condition keeps that delivery from doubling the work.
-            lost = [h for h in exc.failed if h in self._held]
-            if lost:
-                log.warning("heartbeat_partial", failed=len(lost))
-        except Exception as exc:
-            metrics.SQS_ERRORS.labels("heartbeat").inc()
-            log.warning("heartbeat_failed", error=type(exc).__name__)
+        await extend_leases(self.transition.leases if self.transition else None,
+                            self.settings.heartbeat_s)
+        await extend_visibility(self.queue, self._held, self.settings.visibility_timeout_s)

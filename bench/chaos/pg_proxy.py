@@ -28,8 +28,7 @@ def classify(sql: str) -> str | None:
     """Which write a statement is, for the statements whose lost answer matters most: the
     phase commit (phasegate/sql/queries.sql commit_phase, and commit_phases: a group commit,
     whose lost answer reaches every caller of the batch) and a write step's two records."""
-    if "INSERT INTO checkpoints" in sql and ("next_seq = $3 + 1" in sql
-                                             or "next_seq = b.seq + 1" in sql):
+    if "phasegate_commit_phase" in sql:  # the function and the group's phasegate_commit_phases
         return "phase_commit"
     if "INSERT INTO step_records" in sql and "'pre_execution'" in sql:
         return "step_claim"

@@ -204,9 +204,9 @@ SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM cp) AS checkpo
 SELECT 1 FROM workflow_runs WHERE workflow_id = $1
 
 -- name: decision_by_key
--- A review decision sent before with this idempotency key (0018): which one, and the answer
+-- A review decision sent before with this idempotency key (0019): which one, and the answer
 -- its caller got (NULL: not kept yet -- that request is still finishing -- or a decision from
--- before 0018). A key used for a user signal comes back with its name, so it is refused.
+-- before 0019). A key used for a user signal comes back with its name, so it is refused.
 SELECT name, outcome::text AS outcome
   FROM signals
  WHERE workflow_id = $1 AND idempotency_key = $2;

@@ -6,45 +6,32 @@ the merge phase to decide."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from phasegate.cli import main
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
-from tests import workflows
-from tests.helpers import (
-    all_done,
-    fetch,
-    fetchval,
-    make_settings,
-    queue_for,
-    running_worker,
-    settings_env,
-    store_for,
-    wait_for,
+from tests.branch_helpers import (
+    branch_settings,
+    inspect_tree,
+    main_state,
+    main_states,
+    ran,
+    start,
 )
+from tests.helpers import all_done, fetch, fetchval, running_worker, wait_for
 from tests.workflows_branch_doors import scout
 
+MODULES = "tests.workflows_branch_doors"
 REGISTRY = Registry([scout])
 
 
 @pytest.fixture
 def settings(database_url, queue_pair, sqs_endpoint):
     """Every checkpoint counts as old: the staleness check runs at every branch door."""
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8,
-                         stale_after_s=0.0)
-
-
-async def start(settings: Settings, input: dict[str, Any]) -> str:
-    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=scout, input=input)).workflow_id
+    return branch_settings(database_url, queue_pair, sqs_endpoint, stale_after_s=0.0)
 
 
 async def branches(settings: Settings, wid: str) -> dict[str, tuple[str, str | None]]:
@@ -60,16 +47,11 @@ async def chain(settings: Settings, wid: str, branch: str) -> list[tuple[Any, ..
     return [tuple(r) for r in rows]
 
 
-async def ran(settings: Settings, phase: str, branch: str) -> int:
-    return int(await fetchval(settings.database_url or "", "SELECT count(*) FROM "
-                              "test_invocations WHERE phase = $1 AND note = $2", phase, branch))
-
-
 async def test_stale_retry_and_escalation_stay_in_their_branches(settings):
     """Four branches of an `all` fork: `stale` changes its document after reading it, `fine`
     does not, `retried` reaches the expected tier on its second attempt, `short` never does.
     The run completes; the merge sees each branch's fate."""
-    wid = await start(settings, {"branches": {
+    wid = await start(settings, scout, {"branches": {
         "stale": {"doc": "d-stale", "change_after_read": True},
         "fine": {"doc": "d-fine"},
         "retried": {"doc": "d-retried", "found_on": 2},
@@ -77,9 +59,7 @@ async def test_stale_retry_and_escalation_stay_in_their_branches(settings):
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url or "", [wid]),
                        what="run completed")
-    decided = json.loads(await fetchval(
-        settings.database_url or "", "SELECT state::text FROM checkpoints WHERE "
-        "workflow_id = $1 AND branch = 'main' AND phase = 'decide' AND kind = 'phase'", wid))
+    decided = await main_state(settings, wid, "decide")
     assert decided["seen"] == {
         "f0.stale": {"status": "stale", "error_type": "stale_resources", "read_attempt": None},
         "f0.fine": {"status": "merged", "error_type": None, "read_attempt": 1},
@@ -104,7 +84,7 @@ async def test_stale_retry_and_escalation_stay_in_their_branches(settings):
     assert await ran(settings, "read", "f0.short") == 3
     assert await fetchval(settings.database_url or "", "SELECT status FROM workflow_runs "
                           "WHERE workflow_id = $1", wid) == "completed"
-    lines = await inspect_tree(settings, wid)
+    lines = await inspect_tree(settings, MODULES, wid)
     print("\n".join(lines))  # the report quotes this tree
     # Fork order is the input's key order as jsonb keeps it (by length, then bytes).
     assert lines[1:] == [
@@ -117,17 +97,8 @@ async def test_stale_retry_and_escalation_stay_in_their_branches(settings):
     ]
 
 
-async def inspect_tree(settings: Settings, wid: str) -> list[str]:
-    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_branch_doors",
-           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
-                                     env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return list(result.output.splitlines())
-
-
 async def test_a_race_of_stale_branches_fails_like_a_race_of_failed_ones(settings):
-    wid = await start(settings, {"mode": "race", "branches": {
+    wid = await start(settings, scout, {"mode": "race", "branches": {
         "a": {"doc": "d-a", "change_after_read": True},
         "b": {"doc": "d-b", "change_after_read": True}}})
     async with running_worker(settings, REGISTRY):
@@ -141,7 +112,7 @@ async def test_a_race_of_stale_branches_fails_like_a_race_of_failed_ones(setting
 
 
 async def test_require_all_fails_the_run_when_a_branch_goes_stale(settings):
-    wid = await start(settings, {"require": "all", "branches": {
+    wid = await start(settings, scout, {"require": "all", "branches": {
         "a": {"doc": "d-ra", "change_after_read": True}, "b": {"doc": "d-rb"}}})
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url or "", [wid], "failed"),
@@ -155,15 +126,12 @@ async def test_require_all_fails_the_run_when_a_branch_goes_stale(settings):
 async def test_the_merge_phase_retries_a_stale_branch_and_the_new_attempt_merges(settings):
     """The review sends the stale branch round again (a new attempt, from its first phase):
     it observes the document afresh (now v2) and merges; the run completes."""
-    wid = await start(settings, {"retry_stale": True, "branches": {
+    wid = await start(settings, scout, {"retry_stale": True, "branches": {
         "a": {"doc": "d-ret", "change_after_read": True}, "b": {"doc": "d-ok"}}})
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url or "", [wid]),
                        what="run completed")
-    rows = await fetch(settings.database_url or "", "SELECT state::text FROM checkpoints "
-                       "WHERE workflow_id = $1 AND branch = 'main' AND phase = 'decide' "
-                       "AND kind = 'phase' ORDER BY seq", wid)
-    rounds = [json.loads(r["state"]) for r in rows]
+    rounds = await main_states(settings, wid, "decide")
     assert len(rounds) == 2 and rounds[0]["rounds"] == 1
     assert rounds[1]["seen"] == {
         "f0.a": {"status": "merged", "error_type": None, "read_attempt": 1},

@@ -6,57 +6,22 @@ fails the run with the reason."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from typing import Any
-
-import pytest
-from click.testing import CliRunner
-
-from phasegate.cli import main
 from phasegate.orchestrator.branching import supervisor_merge
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.store import create_pool
-from phasegate.workflow import Registry, Workflow
-from tests import workflows
-from tests.helpers import (
-    all_done,
-    fetch,
-    fetchval,
-    make_settings,
-    queue_for,
-    running_worker,
-    settings_env,
-    store_for,
-    wait_for,
+from phasegate.workflow import Registry
+from tests.branch_helpers import (  # noqa: F401 (fixtures)
+    branch_statuses,
+    inspect_tree,
+    main_states,
+    open_gate,
+    settings_fixture,
+    start,
 )
+from tests.helpers import all_done, fetch, fetchval, running_worker, wait_for
 from tests.workflows_tree import flaky, inner_review, review
 
+MODULES = "tests.workflows_tree"
 REGISTRY = Registry([flaky, review])
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8)
-
-
-async def start(settings, workflow: Workflow, input: dict[str, Any]) -> str:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=workflow, input=input)).workflow_id
-
-
-async def state_of(settings, wid: str, phase: str) -> Any:
-    rows = await fetch(settings.database_url, "SELECT state::text FROM checkpoints WHERE "
-                       "workflow_id = $1 AND branch = 'main' AND phase = $2 AND kind = 'phase' "
-                       "ORDER BY seq", wid, phase)
-    return [json.loads(r["state"]) for r in rows]
-
-
-async def statuses(settings, wid: str) -> dict[str, str]:
-    rows = await fetch(settings.database_url, "SELECT branch, status FROM branches "
-                       "WHERE workflow_id = $1", wid)
-    return {r["branch"]: r["status"] for r in rows}
 
 
 async def test_race_where_two_of_three_fail_is_won_by_the_third(settings):
@@ -72,13 +37,13 @@ async def test_race_where_two_of_three_fail_is_won_by_the_third(settings):
         assert await fetchval(url, "SELECT status FROM workflow_runs") == "running"
         fork = (await fetch(url, "SELECT status, pending FROM forks"))[0]
         assert (fork["status"], fork["pending"]) == ("open", 1)
-        await fetch(url, "INSERT INTO test_gates VALUES ('r-2')")
+        await open_gate(settings, "r-2")
         await wait_for(lambda: all_done(url, [wid]), what="race won")
-    [picked] = await state_of(settings, wid, "pick")
+    [picked] = await main_states(settings, wid, "pick")
     assert picked["won"] == ["f0.b2"] and picked["results"] == [14]
     assert picked["failed"] == {"f0.b0": "NonRetryableError", "f0.b1": "NonRetryableError"}
-    assert await statuses(settings, wid) == {"f0.b0": "failed", "f0.b1": "failed",
-                                             "f0.b2": "merged"}
+    assert await branch_statuses(settings, wid) == {"f0.b0": "failed", "f0.b1": "failed",
+                                                    "f0.b2": "merged"}
     fork = (await fetch(url, "SELECT status, resolution, winner FROM forks"))[0]
     assert tuple(fork) == ("merged", "race", "f0.b2")
 
@@ -99,11 +64,11 @@ async def test_fan_in_hands_failed_branches_to_the_merge(settings):
     wid = await start(settings, flaky, {"n": 3, "fail": [1], "mode": "all"})
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run completed")
-    [picked] = await state_of(settings, wid, "pick")
+    [picked] = await main_states(settings, wid, "pick")
     assert picked["won"] == ["f0.b0", "f0.b2"] and picked["results"] == [0, 14]
     assert picked["failed"] == {"f0.b1": "NonRetryableError"}
-    assert await statuses(settings, wid) == {"f0.b0": "merged", "f0.b1": "failed",
-                                             "f0.b2": "merged"}
+    assert await branch_statuses(settings, wid) == {"f0.b0": "merged", "f0.b1": "failed",
+                                                    "f0.b2": "merged"}
 
 
 async def test_require_all_fails_the_run_on_one_failed_branch(settings):
@@ -114,7 +79,7 @@ async def test_require_all_fails_the_run_on_one_failed_branch(settings):
             return await fetchval(settings.database_url, "SELECT count(*) FROM branches "
                                   "WHERE status = 'completed'") == 2
         await wait_for(two_completed, what="f0.b0 and f0.b2 completed")
-        await fetch(settings.database_url, "INSERT INTO test_gates VALUES ('strict-1')")
+        await open_gate(settings, "strict-1")
         await wait_for(lambda: all_done(settings.database_url, [wid], "failed"),
                        what="run failed")
     error = await fetchval(settings.database_url, "SELECT error FROM workflow_runs")
@@ -141,12 +106,12 @@ async def test_merge_rejects_a_branch_twice_then_accepts_it(settings):
     url = settings.database_url
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(url, [wid]), what="run completed")
-    rounds = await state_of(settings, wid, "judge")
+    rounds = await main_states(settings, wid, "judge")
     assert [r["rounds"] for r in rounds] == [1, 2, 3]
     final = rounds[-1]
     assert final["scores"] == {"f0.b0": 10, "f0.b1": 40}
     assert final["inputs"]["f0.b1"] == {"x": 4} and final["retries"]["f0.b1"] == 2
-    assert (await state_of(settings, wid, "finish"))[0]["finished"] is True
+    assert (await main_states(settings, wid, "finish"))[0]["finished"] is True
     chains = await fetch(url, "SELECT branch, array_agg(seq || ':' || phase ORDER BY seq) AS c "
                          "FROM checkpoints WHERE workflow_id = $1 AND kind = 'phase' "
                          "GROUP BY branch", wid)
@@ -154,14 +119,14 @@ async def test_merge_rejects_a_branch_twice_then_accepts_it(settings):
         "main": ["0:ask", "1:judge", "2:judge", "3:judge", "4:finish"],
         "f0.b0": ["1:draft"], "f0.b1": ["1:draft", "3:draft", "5:draft"],
         "f0.b2": ["1:draft"]}
-    assert await statuses(settings, wid) == {"f0.b0": "merged", "f0.b1": "merged",
-                                             "f0.b2": "discarded"}
+    assert await branch_statuses(settings, wid) == {"f0.b0": "merged", "f0.b1": "merged",
+                                                    "f0.b2": "discarded"}
     fork = (await fetch(url, "SELECT status, resolution, retries, merge_seq FROM forks"))[0]
     assert tuple(fork) == ("merged", "fan_in", 2, 3)
     merges = await fetch(url, "SELECT seq FROM outbox WHERE body LIKE '%\"kind\":\"merge\"%' "
                          "ORDER BY seq")
     assert [m["seq"] for m in merges] == [1, 2, 3]  # one fan-in per round
-    lines = await inspect_tree(settings, wid)
+    lines = await inspect_tree(settings, MODULES, wid)
     print("\n".join(lines))
     assert lines[1:] == [
         "├── * 0 ask  fork all -> judge: fan_in (3/3 done)",
@@ -175,15 +140,6 @@ async def test_merge_rejects_a_branch_twice_then_accepts_it(settings):
     ]
 
 
-async def inspect_tree(settings, wid: str) -> list[str]:
-    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_tree",
-           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
-                                     env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return list(result.output.splitlines())
-
-
 async def test_review_past_its_budget_fails_the_run_with_the_reason(settings):
     wid = await start(settings, review, {"budget": 1})
     async with running_worker(settings, REGISTRY):
@@ -192,7 +148,7 @@ async def test_review_past_its_budget_fails_the_run_with_the_reason(settings):
     error = await fetchval(settings.database_url, "SELECT error FROM workflow_runs")
     assert error.startswith("ForkError: ctx.review_branches: 1 retries asked, the fork's "
                             "budget has 0 left")
-    assert [r["rounds"] for r in await state_of(settings, wid, "judge")] == [1]
+    assert [r["rounds"] for r in await main_states(settings, wid, "judge")] == [1]
 
 
 async def test_a_review_inside_a_branch_retries_a_child_and_merges_into_the_branch(settings):
@@ -202,7 +158,7 @@ async def test_a_review_inside_a_branch_retries_a_child_and_merges_into_the_bran
     url = settings.database_url
     async with running_worker(settings, Registry([inner_review])):
         await wait_for(lambda: all_done(url, [wid]), what="run completed")
-    [closed] = await state_of(settings, wid, "close")
+    [closed] = await main_states(settings, wid, "close")
     assert closed == {"inner": {"round": 2, "xs": [5]}}
     chains = await fetch(url, "SELECT branch, array_agg(seq || ':' || phase ORDER BY seq) AS c "
                          "FROM checkpoints WHERE workflow_id = $1 AND kind = 'phase' "
@@ -210,5 +166,5 @@ async def test_a_review_inside_a_branch_retries_a_child_and_merges_into_the_bran
     assert {r["branch"]: r["c"] for r in chains} == {
         "main": ["0:top", "1:close"], "f0.a": ["1:spread", "2:judge_inner", "3:judge_inner"],
         "f0.a.f1.b0": ["2:try"], "f0.a.f1.b1": ["2:try", "4:try"]}
-    assert await statuses(settings, wid) == {"f0.a": "merged", "f0.a.f1.b0": "discarded",
-                                             "f0.a.f1.b1": "merged"}
+    assert await branch_statuses(settings, wid) == {"f0.a": "merged", "f0.a.f1.b0": "discarded",
+                                                    "f0.a.f1.b1": "merged"}

@@ -5,47 +5,33 @@ bounds refuse a fork with the reason and write nothing of it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from phasegate.cli import main
-from phasegate.orchestrator.relay import Relay
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.workflow import Registry
-from tests import workflows
+from tests.branch_helpers import (  # noqa: F401 (fixtures)
+    inspect_tree,
+    main_state,
+    relay_stranded,
+    settings_fixture,
+    start,
+)
 from tests.helpers import (
     all_done,
     fetch,
     fetchval,
-    make_settings,
-    queue_for,
     running_worker,
-    settings_env,
     spawn_worker,
     stop_process,
-    store_for,
     wait_for,
 )
 from tests.workflows_tree import leaf_value, tree
 
+MODULES = "tests.workflows_tree"
 REGISTRY = Registry([tree])
 N = 2  # per fork: 2 level-1, 4 level-2 and 8 level-3 branches, 7 forks
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8)
-
-
-async def start(settings, input: dict[str, Any]) -> str:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=tree, input=input)).workflow_id
 
 
 def expected_total(n: int) -> int:
@@ -55,9 +41,7 @@ def expected_total(n: int) -> int:
 async def assert_tree_merged(settings, wid: str) -> None:
     """Every fork fanned in once, into its own parent; the run saw every leaf exactly once."""
     url = settings.database_url
-    final = json.loads(await fetchval(
-        url, "SELECT state::text FROM checkpoints WHERE workflow_id = $1 AND branch = 'main' "
-        "AND phase = 'join1' AND kind = 'phase'", wid))
+    final = await main_state(settings, wid, "join1")
     assert final["value"] == expected_total(N) and final["leaves"] == N ** 3
     assert final["failed"] == []
     forks = await fetch(url, "SELECT parent_branch, fork_seq, status, resolution, pending "
@@ -84,34 +68,13 @@ async def assert_tree_merged(settings, wid: str) -> None:
         (1, N, ["merged"]), (2, N * N, ["merged"]), (3, N ** 3, ["merged"])]
 
 
-async def relay_stranded(settings) -> None:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
-
-        async def none_unsent() -> bool:
-            await relay.relay_once()
-            return not await fetchval(settings.database_url,
-                                      "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-
-        await wait_for(none_unsent, what="the relay sent every stranded message")
-
-
-async def inspect_tree(settings, wid: str) -> list[str]:
-    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_tree",
-           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
-                                     env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return list(result.output.splitlines())
-
-
 @pytest.mark.slow
 async def test_three_level_tree_survives_sigkills_with_one_merge_per_fork(settings):
     """A worker process is SIGKILLed inside its 6th phase (mid-tree: level-1 and level-2 forks
     committed, leaves running), a second one inside its 9th; a third worker finishes."""
-    wid = await start(settings, {"n": N})
+    wid = await start(settings, tree, {"n": N})
     for fault in ("mid_phase@6", "mid_phase@9"):
-        victim = spawn_worker(settings, modules="tests.workflows_tree",
+        victim = spawn_worker(settings, modules=MODULES,
                               extra_env={"PHASEGATE_FAULTS": fault,
                                          "PHASEGATE_CONCURRENCY": "8"})
         try:
@@ -125,7 +88,7 @@ async def test_three_level_tree_survives_sigkills_with_one_merge_per_fork(settin
         await wait_for(lambda: all_done(settings.database_url, [wid]), timeout=120,
                        what="tree completed after the kills")
     await assert_tree_merged(settings, wid)
-    lines = await inspect_tree(settings, wid)
+    lines = await inspect_tree(settings, MODULES, wid)
     print("\n".join(lines))  # the report quotes this tree
     assert lines[0] == f"{wid}  tree  completed"
     assert any("fork@2 all -> join3: fan_in (2/2 done)" in line for line in lines)
@@ -137,7 +100,7 @@ async def test_depth_bound_refuses_the_fork_and_fails_up_the_tree(settings):
     retried, nothing written); with require="all" that fails each level-2 branch, their
     forks, the level-1 branches, the root fork and the run, with the reason."""
     bounded = settings.model_copy(update={"branch_max_depth": 2})
-    wid = await start(bounded, {"n": N, "require": "all"})
+    wid = await start(bounded, tree, {"n": N, "require": "all"})
     async with running_worker(bounded, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid], "failed"),
                        what="run failed")
@@ -163,7 +126,7 @@ async def test_live_bound_refuses_forks_and_tolerant_forks_merge_the_failures(se
     the setting named), and the tolerant forks above fan in regardless: the merges receive
     the failed branches (status "failed", error type ForkError) and the run completes."""
     bounded = settings.model_copy(update={"branch_max_live": 5, "concurrency": 1})
-    wid = await start(bounded, {"n": N})
+    wid = await start(bounded, tree, {"n": N})
     async with running_worker(bounded, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run completed")
     url = settings.database_url
@@ -172,9 +135,7 @@ async def test_live_bound_refuses_forks_and_tolerant_forks_merge_the_failures(se
     for row in failed:
         assert row["error"].startswith("ForkError") and "PHASEGATE_BRANCH_MAX_LIVE=5" in \
             row["error"]
-    final = json.loads(await fetchval(
-        url, "SELECT state::text FROM checkpoints WHERE workflow_id = $1 AND branch = 'main' "
-        "AND phase = 'join1' AND kind = 'phase'", wid))
+    final = await main_state(settings, wid, "join1")
     assert sorted(final["failed"]) == sorted(f"{r['branch']}:ForkError" for r in failed)
     leaves = await fetch(url, "SELECT input FROM branches WHERE depth = 3 AND status = 'merged'")
     assert final["value"] == sum(leaf_value(json.loads(r["input"])["path"]) for r in leaves)

@@ -3,25 +3,25 @@ every branch's final state, also when a worker is SIGKILLed in the middle of the
 
 from __future__ import annotations
 
-import json
 import signal
 
 import pytest
 
-from phasegate.orchestrator.relay import Relay
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.workflow import Registry
-from tests import workflows
+from tests.branch_helpers import (  # noqa: F401 (fixtures)
+    main_state,
+    ran,
+    relay_stranded,
+    settings_fixture,
+    start,
+)
 from tests.helpers import (
     all_done,
     fetch,
     fetchval,
-    make_settings,
-    queue_for,
     running_worker,
     spawn_worker,
     stop_process,
-    store_for,
     wait_for,
 )
 from tests.workflows_branches import fanout
@@ -29,32 +29,14 @@ from tests.workflows_branches import fanout
 REGISTRY = Registry([fanout])
 
 
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8)
-
-
-async def start(settings, input: dict) -> str:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=fanout, input=input)).workflow_id
-
-
-async def invocations(settings, phase: str) -> int:
-    return int(await fetchval(settings.database_url,
-                              "SELECT count(*) FROM test_invocations WHERE phase = $1", phase))
-
-
 async def assert_fanned_in(settings, wid: str, n: int) -> None:
     """Exactly one merge, which saw all n final states in fork order; nothing half-done."""
     url = settings.database_url
-    final = json.loads(await fetchval(
-        url, "SELECT state::text FROM checkpoints WHERE workflow_id = $1 AND branch = 'main' "
-        "AND phase = 'combine' AND kind = 'phase'", wid))
+    final = await main_state(settings, wid, "combine")
     assert final["branches"] == [f"f0.b{i}" for i in range(n)]
     assert final["values"] == [(i + 1) * 10 for i in range(n)]
     assert final["total"] == sum((i + 1) * 10 for i in range(n))
-    assert await invocations(settings, "combine") == 1
+    assert await ran(settings, "combine") == 1
     merges = await fetch(url, "SELECT seq, branch FROM outbox WHERE workflow_id = $1 "
                          "AND body LIKE '%\"kind\":\"merge\"%'", wid)
     assert [(r["seq"], r["branch"]) for r in merges] == [(1, "main")]
@@ -74,25 +56,12 @@ async def assert_fanned_in(settings, wid: str, n: int) -> None:
         **{f"f0.b{i}": ["1:work", "2:refine"] for i in range(n)}}
 
 
-async def relay_stranded(settings) -> None:
-    """What the orchestrator's relay does: send outbox rows a dead worker left unsent."""
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
-
-        async def none_unsent() -> bool:
-            await relay.relay_once()
-            return not await fetchval(settings.database_url,
-                                      "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-
-        await wait_for(none_unsent, what="the relay sent every stranded message")
-
-
 async def test_fan_out_fan_in_one_merge_with_every_final_state(settings):
-    wid = await start(settings, {"n": 3})
+    wid = await start(settings, fanout, {"n": 3})
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run completed")
     await assert_fanned_in(settings, wid, 3)
-    assert await invocations(settings, "work") == 3
+    assert await ran(settings, "work") == 3
     groups = await fetch(settings.database_url, "SELECT DISTINCT group_id FROM outbox "
                          "WHERE workflow_id = $1 ORDER BY 1", wid)
     assert [r["group_id"] for r in groups] == sorted([wid] + [f"{wid}/f0.b{i}"
@@ -103,7 +72,7 @@ async def test_fan_out_fan_in_one_merge_with_every_final_state(settings):
 async def test_one_to_eight_to_one_survives_a_sigkill_mid_branch(settings):
     """The worker process dies (SIGKILL) after its 4th phase -- a branch phase -- before that
     phase's commit. Another worker finishes: exactly one merge, with all 8 states."""
-    wid = await start(settings, {"n": 8})
+    wid = await start(settings, fanout, {"n": 8})
     victim = spawn_worker(settings, modules="tests.workflows_branches",
                           extra_env={"PHASEGATE_FAULTS": "mid_phase@4",
                                      "PHASEGATE_CONCURRENCY": "8"})
@@ -121,5 +90,5 @@ async def test_one_to_eight_to_one_survives_a_sigkill_mid_branch(settings):
         await wait_for(lambda: all_done(settings.database_url, [wid]), timeout=90,
                        what="run completed after the kill")
     await assert_fanned_in(settings, wid, 8)
-    assert await invocations(settings, "split") == 1  # the fork was committed once
-    assert await invocations(settings, "work") + await invocations(settings, "refine") > 16
+    assert await ran(settings, "split") == 1  # the fork was committed once
+    assert await ran(settings, "work") + await ran(settings, "refine") > 16

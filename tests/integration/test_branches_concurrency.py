@@ -10,21 +10,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import asyncpg
 import pytest
 
-from phasegate.branches import (
-    BranchPosition,
-    Committed,
-    ForkPlan,
-    commit_branch,
-    commit_fork,
-    load_branch,
-    plan_fork,
+from phasegate.branches import BranchPosition, Committed, ForkPlan, plan_fork
+from phasegate.store import Store
+from tests.branch_helpers import (
+    commit_a_fork,
+    commit_branch_phase,
+    load_branches,
+    released_together,
+    started_run,
 )
-from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
-from phasegate.store import PhaseCommit, Store
-from tests.helpers import fetch, fetchval, store_for, wait_for
+from tests.helpers import fetch, fetchval, store_for
 from tests.workflows_branches import pair
 
 ROUNDS = 10
@@ -36,40 +33,21 @@ class Forked:
     branches: list[BranchPosition]
 
 
-def phase_commit(workflow_id: str, branch: str, seq: int, phase: str, state: object,
-                 next_phase: str | None) -> PhaseCommit:
-    canonical = canonical_json(state)
-    return PhaseCommit(workflow_id=workflow_id, branch=branch, seq=seq, phase=phase,
-                       schema_version=1, state_json=canonical, state_hash=state_hash(canonical),
-                       next_phase=next_phase, status="running", worker_id="test")
-
-
 async def forked_run(store: Store, workflow_id: str) -> Forked:
     """A `pair` run whose `fork` phase committed: two branches, each one phase from done."""
-    await store.start_run(workflow_id=workflow_id, workflow="pair", schema_version=1,
-                          input={"x": 1}, first_phase="fork",
-                          message=start_message(workflow_id, "pair", None))
-    assert await store.load_for_phase(workflow_id) is not None  # pending -> running
+    await started_run(store, pair, workflow_id, "fork", {"x": 1})
     plan: ForkPlan = plan_fork(pair, "fork", 0, "main", [{"i": 0}, {"i": 1}], "join", "all",
                                None)
-    envelope = phase_message(workflow_id, "pair", 0, "fork")
-    done = await commit_fork(store, phase_commit(workflow_id, "main", 0, "fork", {"x": 1},
-                                                 "join"), plan, envelope)
+    done = await commit_a_fork(store, pair, plan, workflow_id, 0, "fork", {"x": 1}, "join")
     assert done.committed and len(done.outbox) == 2
-    positions = []
-    for name in plan.names:
-        position = await load_branch(store, workflow_id, name)
-        assert position is not None and position.next_seq == 1
-        positions.append(position)
+    positions = await load_branches(store, workflow_id, plan.names)
+    assert all(position.next_seq == 1 for position in positions)
     return Forked(workflow_id, positions)
 
 
 async def finish(store: Store, position: BranchPosition) -> Committed:
     """The branch's one phase (`leg`), committed: its final commit."""
-    envelope = phase_message(position.workflow_id, "pair", 1, "leg", position.branch)
-    commit = phase_commit(position.workflow_id, position.branch, 1, "leg",
-                          {"leg": position.branch}, None)
-    return await commit_branch(store, commit, position, envelope, pair)
+    return await commit_branch_phase(store, pair, position, 1, "leg", {"leg": position.branch})
 
 
 async def assert_one_merge(database_url: str, run: Forked, results: list[Committed]) -> None:
@@ -88,35 +66,15 @@ async def assert_one_merge(database_url: str, run: Forked, results: list[Committ
     assert [r["status"] for r in statuses] == ["merged", "merged"]
 
 
-async def waiting_on_locks(database_url: str) -> int:
-    return int(await fetchval(
-        database_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock'"))
-
-
 @pytest.mark.parametrize("round_", range(ROUNDS))
 async def test_two_last_branches_released_together_merge_exactly_once(database_url, round_):
     async with store_for(database_url) as first, store_for(database_url) as second:
         run = await forked_run(first, f"wf_pair_held_{round_}")
-        holder = await asyncpg.connect(database_url)
-        try:
-            hold = holder.transaction()
-            await hold.start()
-            await holder.fetchrow("SELECT 1 FROM forks WHERE workflow_id = $1 FOR UPDATE",
-                                  run.workflow_id)
-            commits = asyncio.gather(finish(first, run.branches[0]),
-                                     finish(second, run.branches[1]))
-            await wait_for(lambda: _both_waiting(database_url), timeout=30,
-                           what="both final commits waiting on the fork row")
-            await hold.rollback()
-            results = list(await commits)
-        finally:
-            await holder.close()
+        results = await released_together(
+            database_url, run.workflow_id, finish(first, run.branches[0]),
+            finish(second, run.branches[1]),
+            what="both final commits waiting on the fork row")
     await assert_one_merge(database_url, run, results)
-
-
-async def _both_waiting(database_url: str) -> bool:
-    return await waiting_on_locks(database_url) == 2
 
 
 async def test_gathered_last_commits_merge_exactly_once_every_time(database_url):

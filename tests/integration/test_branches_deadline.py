@@ -13,27 +13,30 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
-from click.testing import CliRunner
 from prometheus_client import REGISTRY as REGISTRY_METRICS
 
-from phasegate.cli import main
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.relay import Relay
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Views
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
-from tests import workflows
+from tests.branch_helpers import (  # noqa: F401 (fixtures)
+    count,
+    discarded_checkpoints,
+    inspect,
+    inspect_tree,
+    main_state,
+    open_gates,
+    settings_fixture,
+    start,
+)
 from tests.helpers import (
     all_done,
     fetch,
     fetchval,
-    make_settings,
     queue_for,
     running_worker,
-    settings_env,
     spawn_worker,
     stop_process,
     store_for,
@@ -43,12 +46,6 @@ from tests.workflows_branch_doors import drafts, timed_race
 
 MODULES = "tests.workflows_branch_doors"
 REGISTRY = Registry([timed_race, drafts])
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8)
 
 
 @asynccontextmanager
@@ -64,33 +61,10 @@ async def running_relay(settings: Settings) -> AsyncIterator[Relay]:
             await asyncio.wait_for(task, timeout=30)
 
 
-async def start(settings: Settings, input: dict[str, Any], workflow: Any = timed_race) -> str:
-    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=workflow,
-                                     input=input)).workflow_id
-
-
-async def open_gates(settings: Settings, gate: str, n: int) -> None:
-    for i in range(n):
-        await fetch(settings.database_url or "",
-                    "INSERT INTO test_gates VALUES ($1) ON CONFLICT DO NOTHING", f"{gate}-{i}")
-
-
-async def count(settings: Settings, sql: str, *args: Any) -> int:
-    return int(await fetchval(settings.database_url or "", sql, *args))
-
-
 def searching(settings: Settings, n: int) -> Any:
     async def check() -> bool:
         return await count(settings, "SELECT count(*) FROM test_invocations "
                            "WHERE phase = 'search'") >= n
-    return check
-
-
-def discarded_checkpoints(settings: Settings, wid: str, n: int) -> Any:
-    async def check() -> bool:
-        return await count(settings, "SELECT count(*) FROM checkpoints WHERE workflow_id = $1 "
-                           "AND kind = 'discarded'", wid) >= n
     return check
 
 
@@ -135,20 +109,11 @@ async def assert_ended_by_deadline(settings: Settings, wid: str, n: int) -> None
         "deadline", 0, "settle", "main")
 
 
-async def inspect_tree(settings: Settings, wid: str) -> list[str]:
-    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": MODULES,
-           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
-                                     env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return list(result.output.splitlines())
-
-
 async def test_no_winner_by_the_deadline_fails_the_run_and_discards_the_branches(settings):
     """Three branches held inside `search` (a slow phase) past a 3 s deadline, one worker
     process running throughout: the race ends, the run fails with the deadline error, every
     branch is discarded; once released, their phases' results are recorded as discarded."""
-    wid = await start(settings, {"n": 3, "gate": "slow", "deadline_s": 3})
+    wid = await start(settings, timed_race, {"n": 3, "gate": "slow", "deadline_s": 3})
     worker = spawn_worker(settings, modules=MODULES)
     try:
         async with running_relay(settings):
@@ -162,7 +127,7 @@ async def test_no_winner_by_the_deadline_fails_the_run_and_discards_the_branches
         assert stop_process(worker) == 0
     assert await count(settings, "SELECT count(*) FROM checkpoints WHERE workflow_id = $1 "
                        "AND kind = 'phase' AND branch <> 'main'", wid) == 0
-    lines = await inspect_tree(settings, wid)
+    lines = await inspect_tree(settings, MODULES, wid)
     print("\n".join(lines))  # the report quotes this tree
     assert lines == [
         f"{wid}  timed-race  failed",
@@ -176,7 +141,7 @@ async def test_no_winner_by_the_deadline_fails_the_run_and_discards_the_branches
 async def test_a_race_won_before_its_deadline_completes_and_the_deadline_is_a_no_op(settings):
     """s1 wins at once; when the deadline message comes due 5 s after the fork, the relay
     sends it and the worker finds the race decided: nothing changes."""
-    wid = await start(settings, {"n": 2, "fast": 1, "gate": "won", "deadline_s": 5})
+    wid = await start(settings, timed_race, {"n": 2, "fast": 1, "gate": "won", "deadline_s": 5})
     async with running_worker(settings, REGISTRY) as worker, running_relay(settings):
         await wait_for(lambda: all_done(settings.database_url or "", [wid]),
                        what="race won and merged")
@@ -196,9 +161,7 @@ async def test_a_race_won_before_its_deadline_completes_and_the_deadline_is_a_no
     rows = await fetch(settings.database_url or "", "SELECT branch, status FROM branches "
                        "WHERE workflow_id = $1 ORDER BY branch", wid)
     assert [tuple(r) for r in rows] == [("f0.s0", "discarded"), ("f0.s1", "merged")]
-    settled = json.loads(await fetchval(
-        settings.database_url or "", "SELECT state::text FROM checkpoints WHERE "
-        "workflow_id = $1 AND phase = 'settle' AND kind = 'phase'", wid))
+    settled = await main_state(settings, wid, "settle")
     assert settled["winners"] == ["f0.s1"]
 
 
@@ -211,7 +174,7 @@ async def test_the_deadline_fires_with_no_worker_running(settings):
     """The only worker is SIGKILLed while the branches are held; with no worker at all, the
     relay sends the deadline message when it falls due (the run is still running: nobody has
     read it); a worker process started afterwards ends the race."""
-    wid = await start(settings, {"n": 2, "gate": "zero", "deadline_s": 3})
+    wid = await start(settings, timed_race, {"n": 2, "gate": "zero", "deadline_s": 3})
     first = spawn_worker(settings, modules=MODULES)
     try:
         await wait_for(searching(settings, 2), what="both branches in search")
@@ -235,18 +198,13 @@ async def test_the_deadline_fires_with_no_worker_running(settings):
 
 async def test_the_branches_json_names_the_deadline(settings):
     """`--tree --json` (the API's shape) carries the fork's deadline (database time)."""
-    wid = await start(settings, {"n": 1, "gate": "json", "deadline_s": 3600})
+    wid = await start(settings, timed_race, {"n": 1, "gate": "json", "deadline_s": 3600})
     async with running_worker(settings, REGISTRY):
         await wait_for(searching(settings, 1), what="the branch in search")
-        env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": MODULES,
-               "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-        result = await asyncio.to_thread(CliRunner().invoke, main,
-                                         ["inspect", wid, "--tree", "--json"], env=env,
-                                         catch_exceptions=False)
+        output = await inspect(settings, MODULES, wid, "--tree", "--json")
         await open_gates(settings, "json", 1)
         await wait_for(lambda: all_done(settings.database_url or "", [wid]), what="completed")
-    assert result.exit_code == 0, result.output
-    forks = json.loads(result.output)["forks"]
+    forks = json.loads(output)["forks"]
     stored = await fetchval(settings.database_url or "", "SELECT deadline_at FROM forks "
                             "WHERE workflow_id = $1", wid)
     assert [f["deadline_at"] for f in forks] == [stored.isoformat()]
@@ -283,7 +241,7 @@ async def test_after_the_deadline_an_operator_can_promote_a_discarded_branch(set
     """Both branches committed `draft` and are held in `proofread` when the deadline ends the
     race. The run failed; a supervisor merge promotes f0.s1's last committed state (its
     draft) and the run goes on to `publish`."""
-    wid = await start(settings, {"n": 2, "gate": "late", "deadline_s": 2}, drafts)
+    wid = await start(settings, drafts, {"n": 2, "gate": "late", "deadline_s": 2})
     async with running_worker(settings, REGISTRY), running_relay(settings), \
             store_for(settings.database_url or "") as store, queue_for(settings) as queue:
         await wait_for(lambda: all_done(settings.database_url or "", [wid], "failed"),
@@ -296,9 +254,7 @@ async def test_after_the_deadline_an_operator_can_promote_a_discarded_branch(set
         await wait_for(lambda: all_done(settings.database_url or "", [wid]), what="published")
         await open_gates(settings, "late", 2)
         await wait_for(discarded_checkpoints(settings, wid, 1), what="s0's proofread discarded")
-    published = json.loads(await fetchval(
-        settings.database_url or "", "SELECT state::text FROM checkpoints WHERE "
-        "workflow_id = $1 AND phase = 'publish' AND kind = 'phase'", wid))
+    published = await main_state(settings, wid, "publish")
     assert published == {"i": 1, "gate": "late", "draft": "draft 1", "published": True}
     fork = (await fetch(settings.database_url or "", "SELECT status, resolution, winner FROM "
                         "forks WHERE workflow_id = $1", wid))[0]

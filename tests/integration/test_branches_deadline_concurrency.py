@@ -15,24 +15,23 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import pytest
 
-from phasegate.branches import (
-    BranchPosition,
-    Committed,
-    ForkPlan,
-    ForkScope,
-    commit_branch,
-    commit_fork,
-    load_branch,
-    plan_fork,
-)
-from phasegate.envelope import Envelope, phase_message, start_message
+from phasegate.branches import BranchPosition, Committed, ForkPlan, ForkScope, plan_fork
+from phasegate.envelope import Envelope, phase_message
 from phasegate.race_deadline import Expired, expire
 from phasegate.store import Store
+from tests.branch_helpers import (
+    NESTED_PARENT,
+    commit_a_fork,
+    commit_branch_phase,
+    fork_row_locked,
+    load_branches,
+    nested_parent,
+    started_run,
+    wait_until_waiting,
+)
 from tests.helpers import fetch, fetchval, store_for, wait_for
-from tests.integration.test_branches_concurrency import phase_commit, waiting_on_locks
 from tests.workflows_branch_doors import timed_race
 from tests.workflows_tree import nest
 
@@ -42,21 +41,12 @@ ROUNDS = 5
 async def raced(store: Store, workflow_id: str, deadline_s: float) -> list[BranchPosition]:
     """A `timed-race` run whose `launch` committed a race of two branches, each one phase
     (`search`) from done."""
-    await store.start_run(workflow_id=workflow_id, workflow="timed-race", schema_version=1,
-                          input={}, first_phase="launch",
-                          message=start_message(workflow_id, "timed-race", None))
-    assert await store.load_for_phase(workflow_id) is not None
+    await started_run(store, timed_race, workflow_id, "launch", {})
     plan: ForkPlan = plan_fork(timed_race, "launch", 0, "main", [{"i": 0}, {"i": 1}],
                                "settle", "race", None, deadline_s=deadline_s)
-    done = await commit_fork(store, phase_commit(workflow_id, "main", 0, "launch", {}, "settle"),
-                             plan, phase_message(workflow_id, "timed-race", 0, "launch"))
+    done = await commit_a_fork(store, timed_race, plan, workflow_id, 0, "launch", {}, "settle")
     assert done.committed and len(done.outbox) == 2  # the deadline row is not sent now
-    positions = []
-    for name in plan.names:
-        position = await load_branch(store, workflow_id, name)
-        assert position is not None
-        positions.append(position)
-    return positions
+    return await load_branches(store, workflow_id, plan.names)
 
 
 def deadline(workflow_id: str) -> Envelope:
@@ -65,10 +55,8 @@ def deadline(workflow_id: str) -> Envelope:
 
 
 async def win(store: Store, position: BranchPosition) -> Committed:
-    envelope = phase_message(position.workflow_id, "timed-race", 1, "search", position.branch)
-    commit = phase_commit(position.workflow_id, position.branch, 1, "search",
-                          {"found": position.branch}, None)
-    return await commit_branch(store, commit, position, envelope, timed_race)
+    return await commit_branch_phase(store, timed_race, position, 1, "search",
+                                     {"found": position.branch})
 
 
 async def due(database_url: str, workflow_id: str) -> bool:
@@ -81,24 +69,13 @@ async def queued_in_order(database_url: str, workflow_id: str,
                           second: Callable[[], Awaitable[Any]]) -> list[Any]:
     """Hold the fork row; start `first`, wait until it waits on the lock, then `second`;
     release: Postgres grants the row to the waiters in the order they queued."""
-    holder = await asyncpg.connect(database_url)
-    try:
-        hold = holder.transaction()
-        await hold.start()
-        await holder.fetchrow("SELECT 1 FROM forks WHERE workflow_id = $1 FOR UPDATE",
-                              workflow_id)
+    async with fork_row_locked(database_url, workflow_id) as release:
         one = asyncio.ensure_future(first())
-        await wait_for(lambda: _waiting(database_url, 1), timeout=30, what="first waiting")
+        await wait_until_waiting(database_url, 1, "first waiting")
         two = asyncio.ensure_future(second())
-        await wait_for(lambda: _waiting(database_url, 2), timeout=30, what="both waiting")
-        await hold.rollback()
+        await wait_until_waiting(database_url, 2, "both waiting")
+        await release()
         return [await one, await two]
-    finally:
-        await holder.close()
-
-
-async def _waiting(database_url: str, n: int) -> bool:
-    return await waiting_on_locks(database_url) == n
 
 
 async def state_of(database_url: str, workflow_id: str) -> dict[str, Any]:
@@ -189,22 +166,13 @@ async def test_a_nested_race_deadline_fails_its_parent_branch_and_the_fork_above
     runs out of time: its children are discarded, f0.b0 fails with the deadline error, and
     the fork above counts that failure -- it fans in, writing main's merge message."""
     wid = "wf_dl_nested"
-    parent = "f0.b0"
+    parent = NESTED_PARENT
     async with store_for(database_url) as store:
-        await store.start_run(workflow_id=wid, workflow="nest", schema_version=1, input={},
-                              first_phase="outer", message=start_message(wid, "nest", None))
-        assert await store.load_for_phase(wid) is not None
-        outer = plan_fork(nest, "outer", 0, "main", [{"o": 0}], "join_outer", "all", None)
-        assert (await commit_fork(store, phase_commit(wid, "main", 0, "outer", {}, None),
-                                  outer, phase_message(wid, "nest", 0, "outer"))).committed
-        position = await load_branch(store, wid, parent)
-        assert position is not None
+        position = await nested_parent(store, wid)
         inner = plan_fork(nest, "inner", 1, parent, [{"i": 0}, {"i": 1}], "join_inner",
                           "race", None, scope=ForkScope(position.merge_phase, position.depth),
                           deadline_s=0.2)
-        assert (await commit_fork(store, phase_commit(wid, parent, 1, "inner", {}, None),
-                                  inner, phase_message(wid, "nest", 1, "inner", parent))
-                ).committed
+        assert (await commit_a_fork(store, nest, inner, wid, 1, "inner", {}, None)).committed
         await wait_for(lambda: due_nested(database_url, wid, parent), what="deadline passed")
         message = phase_message(wid, "nest", 1, "join_inner", parent).model_copy(
             update={"kind": "deadline"})

@@ -4,70 +4,34 @@ supervisor merge, and ``phasegate inspect --tree``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from phasegate.cli import main
 from phasegate.orchestrator.control import Control
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Conflict
 from phasegate.store import create_pool
 from phasegate.workflow import Registry
-from tests import workflows
-from tests.helpers import (
-    all_done,
-    fetch,
-    fetchval,
-    make_settings,
-    queue_for,
-    running_worker,
-    settings_env,
-    store_for,
-    wait_for,
+from tests.branch_helpers import (  # noqa: F401 (fixtures)
+    count,
+    discarded_checkpoints,
+    inspect_tree,
+    main_state,
+    open_gate,
+    ran,
+    settings_fixture,
+    start,
 )
+from tests.helpers import all_done, fetch, queue_for, running_worker, wait_for
 from tests.workflows_branches import fanout, speculate
 
 REGISTRY = Registry([fanout, speculate])
-
-
-@pytest.fixture
-def settings(database_url, queue_pair, sqs_endpoint):
-    workflows.LEDGER_DSN = database_url
-    return make_settings(database_url, queue_pair, sqs_endpoint, concurrency=8)
-
-
-async def start(settings, workflow, input: dict[str, Any]) -> str:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        return (await start_workflow(store, queue, workflow=workflow, input=input)).workflow_id
-
-
-async def open_gate(settings, name: str) -> None:
-    await fetch(settings.database_url, "INSERT INTO test_gates VALUES ($1)", name)
-
-
-async def count(settings, sql: str, *args: Any) -> int:
-    return int(await fetchval(settings.database_url, sql, *args))
-
-
-async def ran(settings, phase: str, branch: str | None = None) -> int:
-    return await count(settings, "SELECT count(*) FROM test_invocations WHERE phase = $1 "
-                       "AND ($2::text IS NULL OR note = $2)", phase, branch)
 
 
 async def branch_rows(settings, wid: str) -> dict[str, tuple[str, int | None]]:
     rows = await fetch(settings.database_url, "SELECT branch, status, final_seq FROM branches "
                        "WHERE workflow_id = $1", wid)
     return {r["branch"]: (r["status"], r["final_seq"]) for r in rows}
-
-
-async def main_state(settings, wid: str, phase: str) -> Any:
-    return json.loads(await fetchval(
-        settings.database_url, "SELECT state::text FROM checkpoints WHERE workflow_id = $1 "
-        "AND branch = 'main' AND phase = $2 AND kind = 'phase'", wid, phase))
 
 
 async def test_race_first_to_finish_wins_and_the_others_are_discarded(settings):
@@ -80,7 +44,7 @@ async def test_race_first_to_finish_wins_and_the_others_are_discarded(settings):
         assert await ran(settings, "attempt") == 3  # the losers are in flight right now
         await open_gate(settings, "race-0")
         await open_gate(settings, "race-2")
-        await wait_for(lambda: _discarded(settings, wid, 2), what="losers discarded")
+        await wait_for(discarded_checkpoints(settings, wid, 2), what="losers discarded")
     picked = await main_state(settings, wid, "pick")
     assert picked["winners"] == ["f0.s1"]
     assert picked["winner_state"][0]["polished"] is True
@@ -99,11 +63,6 @@ async def test_race_first_to_finish_wins_and_the_others_are_discarded(settings):
                        "'%\"kind\":\"merge\"%'") == 1
 
 
-async def _discarded(settings, wid: str, n: int) -> bool:
-    return await count(settings, "SELECT count(*) FROM checkpoints WHERE workflow_id = $1 "
-                       "AND kind = 'discarded'", wid) >= n
-
-
 async def test_race_won_by_reaching_the_win_tier_before_finishing(settings):
     """win_tier='good': s1's first phase grades `good`, so s1 wins at once without running
     `polish`; s0 is still held and is discarded."""
@@ -112,7 +71,7 @@ async def test_race_won_by_reaching_the_win_tier_before_finishing(settings):
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="race resolved")
         await open_gate(settings, "tier-0")
-        await wait_for(lambda: _discarded(settings, wid, 1), what="loser discarded")
+        await wait_for(discarded_checkpoints(settings, wid, 1), what="loser discarded")
     assert await branch_rows(settings, wid) == {"f0.s0": ("discarded", None),
                                                 "f0.s1": ("merged", 1)}
     picked = await main_state(settings, wid, "pick")
@@ -143,7 +102,7 @@ async def test_supervisor_merge_promotes_a_branch_and_tree_draws_the_dag(setting
                 await control.merge(wid, "f0.b2")
             for i in range(3):
                 await open_gate(settings, f"sup-{i}")
-            await wait_for(lambda: _discarded(settings, wid, 2), what="siblings discarded")
+            await wait_for(discarded_checkpoints(settings, wid, 2), what="siblings discarded")
     finally:
         await pool.close()
     promoted = await fetch(settings.database_url, "SELECT seq, phase, source_branch, worker_id, "
@@ -163,13 +122,8 @@ async def test_supervisor_merge_promotes_a_branch_and_tree_draws_the_dag(setting
     fork = (await fetch(settings.database_url, "SELECT resolution, winner FROM forks"))[0]
     assert tuple(fork) == ("supervisor", "f0.b1")
 
-    env = {**settings_env(settings), "PHASEGATE_WORKFLOW_MODULES": "tests.workflows_branches",
-           "PHASEGATE_LOG_FORMAT": "json", "PHASEGATE_API_URL": ""}
-    # The CLI runs its own event loop: give it a thread.
-    result = await asyncio.to_thread(CliRunner().invoke, main, ["inspect", wid, "--tree"],
-                                     env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == [
+    lines = await inspect_tree(settings, "tests.workflows_branches", wid)
+    assert lines == [
         f"{wid}  fanout  completed",
         "├── * 0 split  fork all -> combine: supervisor (3/3 done)",
         "│   ├── f0.b0  discarded  1 work, x2 refine",

@@ -101,7 +101,7 @@ async def test_a_chain_runs_locally_with_a_fraction_of_the_sqs_calls(settings):
     on, off = counts[True], counts[False]
     assert on.get("send", 0) == 0 and on["delete"] == 1
     assert off["send"] == len(PHASES) - 1 and off["delete"] == len(PHASES)
-    # Every successor row is accounted for: consumed locally (marked sent by the next commit).
+    # Every successor row is accounted for: sent, or spent locally (deleted by the next commit).
     assert await fetchval(settings.database_url,
                           "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from bench.lean_commit import BEFORE_VERSION, measure
+from bench.lean_commit import measure, migrate_before
+from phasegate.envelope import state_hash
 from phasegate.migrate import migrate
-from phasegate.sql import migration_files
+from phasegate.sql import migration_files, queries
+from phasegate.store import Lease, Store, create_pool
 from tests.helpers import fetch, fetchval
 from tests.integration.test_access import denied, login_user
+from tests.integration.test_group_commit import commit_of, running
 
 ENDED = ("completed", "failed", "cancelled")
 # Every run that has not ended, as its position should read; and any position that has no
@@ -46,9 +49,9 @@ async def test_plain_commits_update_the_run_row_and_its_position_hot(database_ur
 
 
 async def test_before_the_migration_no_commit_was_hot(empty_database_url):
-    """The same measurement on the schema before 0017: it sees what made every update
-    non-HOT (so the test above could fail)."""
-    await migrate(empty_database_url, target=BEFORE_VERSION)
+    """The same measurement with the indexes 0017 dropped put back: it sees what made every
+    update non-HOT (so the test above could fail)."""
+    await migrate_before(empty_database_url)
     figures = await measure(empty_database_url, runs=2, phases=5, grouped=False)
     assert figures["tables"]["workflow_runs"] == {"updates": 10, "hot_updates": 0,
                                                   "hot_ratio": 0.0}
@@ -126,7 +129,7 @@ async def test_no_role_writes_positions_but_the_triggers(database_url):
 
 
 async def test_the_migration_on_a_populated_database_twice(empty_database_url):
-    await migrate(empty_database_url, target=BEFORE_VERSION)
+    await migrate(empty_database_url, target=16)
     statuses = ["pending", "running", "awaiting_review", "needs_restart", "waiting", "queued",
                 *ENDED]
     connection = await asyncpg.connect(empty_database_url)
@@ -136,8 +139,8 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
             "next_seq, current_phase, tier, tier_label, updated_at) "
             "VALUES ($1, 'w', 1, $2, $3, 'ph', 1, 't', now() - interval '1 hour')",
             [(f"m-{s}", s, i) for i, s in enumerate(statuses)])
-        report = await migrate(empty_database_url, target=BEFORE_VERSION + 1)
-        assert report.applied == ["0017_hot_position"]
+        report = await migrate(empty_database_url, target=17)
+        assert report.applied[-1] == "0017_hot_position"
         assert await connection.fetch(DISAGREEMENTS) == []
         unfinished = {f"m-{s}" for s in statuses if s not in ENDED}
         assert {r["workflow_id"] for r in await connection.fetch(
@@ -156,3 +159,63 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
             "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'workflow_runs'")
     finally:
         await connection.close()
+
+
+async def test_the_worker_role_commits_through_the_function_and_a_reader_cannot(database_url):
+    """The commit runs with its owner's rights (it writes the position and deletes a spent
+    row, which the worker role cannot do directly): the worker role commits, single and
+    grouped, with a lease and a spent row; the position follows without the trigger; a reader
+    may not call it."""
+    async with login_user(database_url, "phasegate_worker") as worker_dsn:
+        pool = await create_pool(worker_dsn, min_size=1, max_size=2)
+        try:
+            store = Store(pool)
+            await running(store, "wr-1")
+            spent = await fetchval(database_url, "SELECT outbox_id FROM outbox "
+                                   "WHERE workflow_id = 'wr-1' AND seq = 0")
+            result = await store.commit_phase(commit_of("wr-1"), lease=Lease("w-1", 60.0),
+                                              consumed=spent)
+            assert result is not None
+            grouped = Store(pool, commit_window_s=0.001)
+            assert await grouped.commit_phase(commit_of("wr-1", 1, status="completed")) \
+                is not None
+        finally:
+            await pool.close()
+    assert await fetchval(database_url, "SELECT count(*) FROM outbox WHERE outbox_id = $1",
+                          spent) == 0
+    assert await fetchval(database_url,
+                          "SELECT status FROM workflow_runs WHERE workflow_id = 'wr-1'") \
+        == "completed"
+    assert await fetch(database_url, DISAGREEMENTS) == []
+    assert await fetchval(database_url, "SELECT count(*) FROM run_positions "
+                          "WHERE workflow_id = 'wr-1'") == 0
+    async with login_user(database_url, "phasegate_reader") as reader_dsn:
+        connection = await asyncpg.connect(reader_dsn)
+        try:
+            assert await denied(connection, "SELECT * FROM phasegate_commit_phase("
+                                + ", ".join(["NULL"] * 27) + ")")
+        finally:
+            await connection.close()
+
+
+async def test_the_commit_flag_never_outlives_its_statement(database_url):
+    """The trigger stands down only for the commit's own statement: a plain write of the
+    run right after a commit, in the same transaction, moves the position again."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        await running(Store(pool), "wr-2")
+        async with pool.acquire() as connection, connection.transaction():
+            committed = await connection.fetchrow(
+                queries()["commit_phase"], "wr-2", "main", 0, "a", 1, "{}", state_hash("{}"),
+                "b", "running", None, None, None, "test", None, "wr-2:1", "g", "{}", None, None,
+                None, None, None, None, None, None, 0.0, None)
+            assert committed["committed_at"] is not None
+            assert await connection.fetchval(
+                "SELECT current_setting('phasegate.own_position', true)") == "off"
+            await connection.execute("UPDATE workflow_runs SET current_phase = 'elsewhere' "
+                                     "WHERE workflow_id = 'wr-2'")
+    finally:
+        await pool.close()
+    assert await fetchval(database_url, "SELECT current_phase FROM run_positions "
+                          "WHERE workflow_id = 'wr-2'") == "elsewhere"
+    assert await fetch(database_url, DISAGREEMENTS) == []

@@ -1,4 +1,4 @@
--- phasegate schema v18: the answer to a review decision sent with an idempotency key.
+-- phasegate schema v19: the answer to a review decision sent with an idempotency key.
 -- Additive: a decision stored before it has no answer kept, and a retry of its key is
 -- answered from the run as it is now (orchestrator/control.py).
 --

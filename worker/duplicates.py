@@ -1,0 +1,50 @@
+"""Step 2's duplicate: a message whose seq its run has already committed.
+
+Its work is done; what may be missing is the successor message (a crash between the commit
+and the send). The duplicate makes sure it exists, then is deleted -- unless a worker holds
+the successor leased for a local chain (worker/continuation.py): then the duplicate is held
+back instead of deleted, so that a dead worker's chain does not depend on the relay alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import structlog
+
+from phasegate.envelope import Envelope
+from phasegate.store import Store
+from phasegate.worker.outcomes import Action, Emit, Settlement
+
+log = structlog.get_logger("phasegate.transition")
+
+
+class Duplicates:
+    def __init__(self, *, store: Store, emit: Emit, lease_s: float) -> None:
+        self.store = store
+        self._emit = emit
+        self.lease_s = lease_s
+
+    async def settle(self, envelope: Envelope, next_seq: int) -> Settlement:
+        if not await self.ensure_successor(envelope, next_seq):
+            # Deleting this message would leave the leased row to the relay alone; held back
+            # instead, it returns when the lease may have run out and sends the row itself.
+            log.info("duplicate_successor_leased", next_seq=next_seq)
+            return Settlement(Action.RELEASE, "successor_leased", self.lease_wait_s())
+        log.info("duplicate", next_seq=next_seq)
+        return Settlement(Action.DELETE, "duplicate")
+
+    async def ensure_successor(self, envelope: Envelope, next_seq: int) -> bool:
+        """Send the run's next message if its commit left it unsent (a crash between the commit
+        and the send). False while a worker holds it leased (local continuation): its chain is
+        running, or its worker died and the lease runs out within one visibility timeout."""
+        row = await self.store.successor(envelope.workflow_id, envelope.branch, next_seq)
+        if row is None or row.sent_at is not None:
+            return True
+        if row.leased:
+            return False
+        await self._emit(row)
+        return True
+
+    def lease_wait_s(self) -> int:
+        return max(1, math.ceil(self.lease_s / 2))
