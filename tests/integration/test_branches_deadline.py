@@ -223,8 +223,9 @@ async def test_the_timers_gauge_counts_an_open_race_whose_deadline_is_due_soon(s
     """The autoscaler's second trigger sees a race's deadline like a timer: a race due within
     the minute counts (its run is running, not waiting), one due in ten minutes does not yet,
     and once the race is won its deadline message changes nothing and no longer counts."""
-    soon = await start(settings, {"n": 1, "gate": "gauge-soon", "deadline_s": 30})
-    later = await start(settings, {"n": 1, "gate": "gauge-later", "deadline_s": 600})
+    soon = await start(settings, timed_race, {"n": 1, "gate": "gauge-soon", "deadline_s": 30})
+    later = await start(settings, timed_race,
+                        {"n": 1, "gate": "gauge-later", "deadline_s": 600})
     async with running_worker(settings, REGISTRY):
         await wait_for(searching(settings, 2), what="both races' branches in search")
         assert await count(settings, "SELECT count(*) FROM outbox WHERE due_at IS NOT NULL "
