@@ -3,10 +3,10 @@ the messages of waits (timers, signal timeouts; phasegate/waits.py) when they fa
 
 A worker sends its successor right after the commit; the relay only picks up rows still
 unsent ``relay_after_s`` seconds after their commit (database time), and rows with a
-``due_at`` as soon as it has passed. A run that has not
-moved for ``relay_stall_after_s`` although its message was sent gets that message again
-under a new deduplication id (the message was lost). Rows are claimed with
-one short statement that leases them to this relay for ``claim_ttl_s`` (``FOR UPDATE SKIP
+``due_at`` as soon as it has passed. A run that has not moved for ``relay_stall_after_s``
+although its message was sent gets that message again under a new deduplication id (the
+message was lost); so does a running branch of a run. Rows are claimed with one short
+statement that leases them to this relay for ``claim_ttl_s`` (``FOR UPDATE SKIP
 LOCKED`` inside it, so several relays split the rows) and commits before the SQS send: no
 transaction or row lock is held across the call, nothing depends on session state (PgBouncer
 in transaction mode), and a relay that dies between claim and send leaves rows that another
@@ -88,9 +88,10 @@ class Relay:
         log.info("relay_stopped", relayed=self.relayed)
 
     async def requeue_stalled(self) -> int:
-        """Mark the sent-but-never-processed message of stalled runs unsent again, under a
-        new deduplication id, for this round to send (found by bench/chaos: a message lost
-        after it was sent left its run stuck forever, the outbox row being marked sent)."""
+        """Mark the sent-but-never-processed message of stalled runs and branch chains unsent
+        again, under a new deduplication id, for this round to send (found by bench/chaos: a
+        message lost after it was sent left its run stuck forever, the outbox row being marked
+        sent; a lost branch message too)."""
         rows = await self.store.pool.fetch(self.store._q["requeue_stalled"],
                                            self.stall_after_s, self.batch)
         if rows:

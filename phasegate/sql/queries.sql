@@ -172,7 +172,9 @@ UPDATE outbox SET lease_holder = NULL, lease_until = NULL
 -- must never lose work"). The row becomes unsent again under a new deduplication id (SQS
 -- would drop the old one for 5 minutes), so the relay sends it once more; if the first copy
 -- was not lost after all, the worker sees a duplicate by seq. The runs come from
--- run_positions (0017): no index on updated_at, so the phase commit's update stays HOT.
+-- run_positions (0017): no index on updated_at, so the phase commit's update stays HOT. A
+-- branch chain is a run of its own in this respect: a running branch that has not moved
+-- although its message was sent gets it again (its live branches through branches_live_idx).
 WITH stalled AS (
     SELECT o.outbox_id
       FROM run_positions r
@@ -183,12 +185,24 @@ WITH stalled AS (
      WHERE r.status IN ('pending', 'running', 'waiting')
        AND r.updated_at < now() - make_interval(secs => $1)
        AND o.sent_at < now() - make_interval(secs => $1)
-     LIMIT $2
+    UNION ALL
+    SELECT o.outbox_id
+      FROM branches b
+      JOIN workflow_runs r ON r.workflow_id = b.workflow_id AND r.status = 'running'
+      JOIN LATERAL (
+          SELECT outbox_id, sent_at FROM outbox o
+           WHERE o.workflow_id = b.workflow_id AND o.branch = b.branch AND o.seq = b.next_seq
+           ORDER BY outbox_id DESC LIMIT 1) o ON true
+     WHERE b.status = 'running'
+       AND b.updated_at < now() - make_interval(secs => $1)
+       AND o.sent_at < now() - make_interval(secs => $1)
+), picked AS (
+    SELECT outbox_id FROM stalled LIMIT $2
 )
 UPDATE outbox SET sent_at = NULL,
        dedup_id = left(outbox.dedup_id, 64) || ':r' || floor(extract(epoch FROM now()))::bigint
-  FROM stalled
- WHERE outbox.outbox_id = stalled.outbox_id
+  FROM picked
+ WHERE outbox.outbox_id = picked.outbox_id
 RETURNING outbox.workflow_id;
 
 -- name: outbox_lag
