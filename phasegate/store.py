@@ -176,7 +176,7 @@ class Store:
         worker sends the same string after the commit: one encoding per transition).
         ``lease``: write the successor leased (local continuation runs it; nobody sends it
         while the lease lives). ``consumed``: the outbox id of the row that would have woken
-        this phase, never sent because the phase ran locally: marked sent by this commit."""
+        this phase, never sent because the phase ran locally: deleted by this commit."""
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()

@@ -8,7 +8,8 @@ hop needs no load, and no SQS send, receive or delete. What keeps it safe:
   extends the lease while the chain lives; nobody (relay, ``ensure_successor``) sends a leased
   row before its lease expires, so a worker that dies mid-chain is replaced through SQS within
   about two heartbeats, exactly like a dead worker's received message.
-- The hop's own commit marks that row sent in the same statement (it was consumed locally).
+- The hop's own commit deletes that row in the same statement (it was consumed locally,
+  never sent).
 - Every commit is still conditional on the run being ``running`` at that seq: a cancel, or
   another worker that took over after an expired lease, makes the next commit a no-op and the
   chain stops there.

@@ -74,7 +74,8 @@ SELECT * FROM phasegate_commit_phase(
 -- Leases and a consumed row ($25-$27) are written per row as commit_phase does. Waits
 -- ($22-$24: a due time, a kept signal matched, the run `waiting`) are NOT implemented here:
 -- the store sends a commit with a wait alone (commit_phase), and a row with one makes this
--- statement fail (the cast below), so its batch falls back to commit_phase row by row.
+-- statement fail (a cast in its first CTE), so its batch falls back to commit_phase row by
+-- row.
 -- The statement is the server function of that name (migrations/0018_hot_path.sql:
 -- its plans are kept per server connection, even behind a transaction-mode pooler).
 SELECT * FROM phasegate_commit_phases(
