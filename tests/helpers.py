@@ -17,6 +17,7 @@ import aioboto3
 import asyncpg
 
 from phasegate.db import connect
+from phasegate.orchestrator.relay import Relay
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.settings import Settings
 from phasegate.store import Store, create_pool
@@ -172,3 +173,18 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait()
+
+
+@asynccontextmanager
+async def running_relay(settings: Settings, interval_s: float = 0.1) -> AsyncIterator[Relay]:
+    """The orchestrator's relay (the always-on part that sends due and stranded rows), run
+    in this process until the block ends."""
+    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
+        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s,
+                      interval_s=interval_s)
+        task = asyncio.create_task(relay.run())
+        try:
+            yield relay
+        finally:
+            relay.stop()
+            await asyncio.wait_for(task, timeout=30)

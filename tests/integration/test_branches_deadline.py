@@ -6,18 +6,14 @@ started afterwards ends the race)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from prometheus_client import REGISTRY as REGISTRY_METRICS
 
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.exporter import QueueDepthExporter
-from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.views import Views
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
@@ -36,6 +32,7 @@ from tests.helpers import (
     fetch,
     fetchval,
     queue_for,
+    running_relay,
     running_worker,
     spawn_worker,
     stop_process,
@@ -46,19 +43,6 @@ from tests.workflows_branch_doors import drafts, timed_race
 
 MODULES = "tests.workflows_branch_doors"
 REGISTRY = Registry([timed_race, drafts])
-
-
-@asynccontextmanager
-async def running_relay(settings: Settings) -> AsyncIterator[Relay]:
-    """The orchestrator's relay (the always-on part that sends due rows)."""
-    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
-        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
-        task = asyncio.create_task(relay.run())
-        try:
-            yield relay
-        finally:
-            relay.stop()
-            await asyncio.wait_for(task, timeout=30)
 
 
 def searching(settings: Settings, n: int) -> Any:

@@ -7,12 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from phasegate.orchestrator.control import Control
-from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
 from phasegate.store import Store
@@ -24,6 +21,7 @@ from tests.helpers import (
     fetchval,
     make_settings,
     queue_for,
+    running_relay,
     running_worker,
     spawn_worker,
     stop_process,
@@ -63,19 +61,6 @@ async def _committed_once(settings: Settings) -> None:
 
 async def _open_gate(settings: Settings, wid: str) -> None:
     await fetch(settings.database_url, "INSERT INTO test_gates VALUES ($1)", wid)
-
-
-@asynccontextmanager
-async def _relay(settings: Settings) -> AsyncIterator[Relay]:
-    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
-        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s,
-                      interval_s=settings.relay_interval_s)
-        task = asyncio.create_task(relay.run())
-        try:
-            yield relay
-        finally:
-            relay.stop()
-            await asyncio.wait_for(task, 30)
 
 
 async def _drained(worker) -> bool:
@@ -132,7 +117,8 @@ async def test_sigkill_mid_chain_resumes_through_sqs_after_the_lease(settings):
     leased = await fetch(settings.database_url, "SELECT seq, lease_holder FROM outbox "
                          "WHERE sent_at IS NULL")
     assert [r["seq"] for r in leased] == [3] and leased[0]["lease_holder"]
-    async with _relay(settings), running_worker(settings, REGISTRY):
+    async with running_relay(settings, settings.relay_interval_s), \
+            running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run resumed")
     await _committed_once(settings)
     assert await _invocations(settings) == len(PHASES)
@@ -169,7 +155,7 @@ async def test_a_long_phase_keeps_its_lease_and_a_stopped_heartbeat_loses_it(set
     wid = await _start(settings, gate="p03")
     frozen = spawn_worker(settings, modules=MODULES)
     try:
-        async with _relay(settings) as relay:
+        async with running_relay(settings, settings.relay_interval_s) as relay:
             await wait_for(lambda: _invocations(settings, "p03"), what="p03 running")
             created = await fetchval(settings.database_url, "SELECT created_at FROM outbox "
                                      "WHERE seq = 3")

@@ -14,8 +14,16 @@ from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Views
 from phasegate.workflow import Registry
-from tests.helpers import all_done, fetch, fetchval, queue_for, running_worker, store_for, wait_for
-from tests.integration.test_waits import running_relay
+from tests.helpers import (
+    all_done,
+    fetch,
+    fetchval,
+    queue_for,
+    running_relay,
+    running_worker,
+    store_for,
+    wait_for,
+)
 from tests.workflows_flow import paced, paced_slowly
 
 RUNS = 10

@@ -3,13 +3,10 @@ when it is due, and neither a worker nor the orchestrator has to survive the wai
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 from prometheus_client import REGISTRY as REGISTRY_METRICS
@@ -29,6 +26,7 @@ from tests.helpers import (
     fetch,
     fetchval,
     queue_for,
+    running_relay,
     running_worker,
     settings_env,
     spawn_worker,
@@ -46,18 +44,6 @@ REGISTRY = Registry([timed])
 def settings(settings: Settings) -> Settings:
     workflows.LEDGER_DSN = settings.database_url
     return settings
-
-
-@asynccontextmanager
-async def running_relay(settings: Settings) -> AsyncIterator[Relay]:
-    async with store_for(settings.database_url or "") as store, queue_for(settings) as queue:
-        relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
-        task = asyncio.create_task(relay.run())
-        try:
-            yield relay
-        finally:
-            relay.stop()
-            await asyncio.wait_for(task, timeout=30)
 
 
 def spawn_orchestrator(settings: Settings) -> subprocess.Popen[bytes]:
