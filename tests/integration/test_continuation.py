@@ -63,6 +63,18 @@ async def _open_gate(settings: Settings, wid: str) -> None:
     await fetch(settings.database_url, "INSERT INTO test_gates VALUES ($1)", wid)
 
 
+async def _killed_mid_chain(settings: Settings) -> str:
+    """A run whose worker was SIGKILLed in the middle of a chain (at phase 3); its id."""
+    wid = await _start(settings)
+    dying = spawn_worker(settings, modules=MODULES,
+                         extra_env={"PHASEGATE_FAULTS": "mid_chain@3"})
+    try:
+        assert await asyncio.to_thread(dying.wait, 60) == -9
+    finally:
+        stop_process(dying)
+    return wid
+
+
 async def _drained(worker) -> bool:
     depth = await worker.queue.depth()
     return depth.visible == 0 and depth.inflight == 0 and worker.held == 0
@@ -107,13 +119,7 @@ async def test_sigkill_mid_chain_resumes_through_sqs_after_the_lease(settings):
     """The worker dies with the next hop's row leased to it and the received message in
     flight: nobody sends the row until the lease runs out, then the relay does, and another
     worker finishes the run with every phase run and committed once."""
-    wid = await _start(settings)
-    dying = spawn_worker(settings, modules=MODULES,
-                         extra_env={"PHASEGATE_FAULTS": "mid_chain@3"})
-    try:
-        assert await asyncio.to_thread(dying.wait, 60) == -9
-    finally:
-        stop_process(dying)
+    wid = await _killed_mid_chain(settings)
     leased = await fetch(settings.database_url, "SELECT seq, lease_holder FROM outbox "
                          "WHERE sent_at IS NULL")
     assert [r["seq"] for r in leased] == [3] and leased[0]["lease_holder"]
@@ -128,13 +134,7 @@ async def test_sigkill_mid_chain_resumes_with_workers_alone(settings):
     """No relay running: the dead worker's received message comes back to another worker,
     which finds the run's next row leased, holds the message back until the lease has run
     out, then sends the row itself -- the chain resumes although nobody relays."""
-    wid = await _start(settings)
-    dying = spawn_worker(settings, modules=MODULES,
-                         extra_env={"PHASEGATE_FAULTS": "mid_chain@3"})
-    try:
-        assert await asyncio.to_thread(dying.wait, 60) == -9
-    finally:
-        stop_process(dying)
+    wid = await _killed_mid_chain(settings)
     assert await fetchval(settings.database_url, "SELECT count(*) FROM outbox WHERE sent_at "
                           "IS NULL AND lease_until > now()") == 1
     async with running_worker(settings, REGISTRY):
