@@ -10,10 +10,12 @@ statement that leases them to this relay for ``claim_ttl_s`` (``FOR UPDATE SKIP
 LOCKED`` inside it, so several relays split the rows) and commits before the SQS send: no
 transaction or row lock is held across the call, nothing depends on session state (PgBouncer
 in transaction mode), and a relay that dies between claim and send leaves rows that another
-relay takes once the claim expires. Rows under a live lease (a worker continuing a run
-locally, worker/continuation.py) are never sent; when such a lease expires the row is due at
-once. A row the worker sends while the relay also does is harmless: the deduplication id is
-the same, and a worker treats an already-committed seq as a duplicate.
+relay takes once the claim expires. Rows under a live lease (a worker's retry backoff,
+worker/continuation.py) are never sent; when such a lease expires the row is due at once. A
+local chain whose worker died has no row at all: once its lease on the run's position runs
+out, the relay rebuilds its message from the run and sends it (phasegate/chains.py). A row
+the worker sends while the relay also does is harmless: the deduplication id is the same, and
+a worker treats an already-committed seq as a duplicate.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contextlib import suppress
 
 import structlog
 
-from phasegate import metrics
+from phasegate import chains, metrics
 from phasegate.backoff import Backoff
 from phasegate.faults import Faults
 from phasegate.queue import Outgoing, Queue, QueueError
@@ -73,7 +75,8 @@ class Relay:
             try:
                 await self.requeue_stalled()
                 await self.wake_kept_signals()
-                sent = await self.relay_once()
+                sent = await self.rescue_chains()
+                sent += await self.relay_once()
                 metrics.OUTBOX_LAG.set(await self.store.outbox_lag_s())
             except Exception as exc:
                 wait = self._failures.next()
@@ -108,6 +111,15 @@ class Relay:
         if rows:
             log.info("woke_signalled_runs", runs=len(rows))
         return len(rows)
+
+    async def rescue_chains(self) -> int:
+        """Send the next message of local chains whose worker died mid-chain (their lease on
+        the run's position ran out: phasegate/chains.py). Each row is written claimed by this
+        relay, so a relay that dies before the send leaves it to the next claim."""
+        claim = Lease(self.relay_id, self.claim_ttl_s)
+        rows = [row for chain in await self.store.expired_chains(self.batch)
+                if (row := await chains.rescue(self.store, chain, claim)) is not None]
+        return await self.send_claimed(rows) if rows else 0
 
     async def relay_once(self) -> int:
         """Send one batch of due rows; returns how many were sent."""

@@ -43,6 +43,9 @@ DB_ERRORS = Counter("phasegate_db_unavailable_total",
 CONTINUED_HOPS = Counter(
     "phasegate_continued_hops_total",
     "Phases run locally right after the previous one committed (local continuation).")
+CHAINS_RESCUED = Counter(
+    "phasegate_chains_rescued_total",
+    "Local chains whose worker died mid-chain, their next message rebuilt and sent.")
 HEARTBEATS = Counter("phasegate_heartbeat_extensions_total",
                      "Visibility extensions sent for in-flight messages.")
 READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop receives.")

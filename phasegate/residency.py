@@ -39,7 +39,15 @@ from phasegate import audit
 from phasegate.db import pool_from_settings
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import migration_files, queries
-from phasegate.store import Lease, OutboxRow, PhaseCommit, RunPosition, Store, StoreError
+from phasegate.store import (
+    ChainLease,
+    Lease,
+    OutboxRow,
+    PhaseCommit,
+    RunPosition,
+    Store,
+    StoreError,
+)
 
 if TYPE_CHECKING:
     from phasegate.settings import Settings
@@ -189,11 +197,10 @@ class RegionalStore(Store):
         return position
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
-                           lease: Lease | None = None, consumed: int | None = None
+                           lease: Lease | None = None
                            ) -> tuple[datetime, int | None] | None:
         found = await self.guard(commit.workflow_id)
-        result = await super().commit_phase(commit, successor_body, lease=lease,
-                                            consumed=consumed)
+        result = await super().commit_phase(commit, successor_body, lease=lease)
         if result is not None:
             audit.checkpoint_written(
                 workflow_id=commit.workflow_id, seq=commit.seq, branch=commit.branch,
@@ -309,10 +316,10 @@ class StoreRouter(Store):
         return await self.for_run(workflow_id).load_for_phase(workflow_id, branch, seq)
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
-                           lease: Lease | None = None, consumed: int | None = None
+                           lease: Lease | None = None
                            ) -> tuple[datetime, int | None] | None:
         return await self.for_run(commit.workflow_id).commit_phase(
-            commit, successor_body, lease=lease, consumed=consumed)
+            commit, successor_body, lease=lease)
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
                              max_attempts: int, *, phase: str | None = None,
@@ -331,6 +338,14 @@ class StoreRouter(Store):
 
     async def successor(self, workflow_id: str, branch: str, seq: int) -> OutboxRow | None:
         return await self.for_run(workflow_id).successor(workflow_id, branch, seq)
+
+    async def chain_of(self, workflow_id: str, next_seq: int) -> ChainLease | None:
+        return await self.for_run(workflow_id).chain_of(workflow_id, next_seq)
+
+    async def end_chain(self, successor: Envelope, body: str, *, holder: str | None,
+                        lease: Lease | None = None) -> int | None:
+        return await self.for_run(successor.workflow_id).end_chain(
+            successor, body, holder=holder, lease=lease)
 
     async def mark_sent(self, outbox_ids: Sequence[int]) -> None:
         # Outbox ids are per database: only ever called inside the route of their message.

@@ -19,7 +19,8 @@ from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
 from phasegate.group_commit import GroupCommit
 from phasegate.sql import queries
 
-__all__ = ["Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store", "StoreError", "create_pool"]
+__all__ = ["ChainLease", "Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store",
+           "StoreError", "create_pool"]
 
 
 class StoreError(Exception):
@@ -60,6 +61,20 @@ class OutboxRow:
     sent_at: datetime | None = None
     # A live lease (database time): a continuing worker or a relay takes care of the row.
     leased: bool = False
+
+
+@dataclass(frozen=True)
+class ChainLease:
+    """A run some worker runs locally (a chain lease on its position, migration 0020), and
+    what the message of its next phase is made of, should it have to be rebuilt."""
+
+    workflow_id: str
+    workflow: str
+    next_seq: int
+    current_phase: str | None
+    chain_traceparent: str | None
+    region: str | None
+    live: bool
 
 
 @dataclass(frozen=True)
@@ -167,16 +182,14 @@ class Store:
             signal_json=row["signal"])
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
-                           lease: Lease | None = None, consumed: int | None = None
-                           ) -> tuple[datetime, int | None] | None:
+                           lease: Lease | None = None) -> tuple[datetime, int | None] | None:
         """Run the one commit statement (shared with concurrent commits under group commit,
         phasegate/group_commit.py). None when the run was no longer at this seq.
 
         ``successor_body``: the successor's JSON when the caller already encoded it (the
         worker sends the same string after the commit: one encoding per transition).
-        ``lease``: write the successor leased (local continuation runs it; nobody sends it
-        while the lease lives). ``consumed``: the outbox id of the row that would have woken
-        this phase, never sent because the phase ran locally: deleted by this commit."""
+        ``lease``: the holder runs the successor itself (local continuation): no outbox row,
+        a chain lease on the run's position instead (migration 0020), so no outbox id."""
         successor = commit.successor
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
@@ -188,7 +201,7 @@ class Store:
                 successor.group_id if successor else None, successor_body,
                 commit.outcome, commit.rerun_of, commit.error, commit.review_json,
                 commit.wait_s, commit.wait_until, commit.wait_signal,
-                lease.holder if lease else None, lease.seconds if lease else 0.0, consumed)
+                lease.holder if lease else None, lease.seconds if lease else 0.0, None)
         # A wait (kept signal matched, row due later, run `waiting`) is the single-row
         # statement's alone: commit_phases does not implement it, so those commits never join
         # a group (and commit_phases refuses a row with a wait, which sends its batch to the
@@ -244,6 +257,36 @@ class Store:
         rows = await self.pool.fetch(self._q["extend_leases"], list(outbox_ids), lease.holder,
                                      lease.seconds)
         return {row["outbox_id"] for row in rows}
+
+    async def extend_chains(self, workflow_ids: Sequence[str], lease: Lease) -> set[str]:
+        """Extend the chain leases ``lease.holder`` holds; returns the runs still held."""
+        if not workflow_ids:
+            return set()
+        rows = await self.pool.fetch(self._q["extend_chains"], list(workflow_ids),
+                                     lease.holder, lease.seconds)
+        return {row["workflow_id"] for row in rows}
+
+    async def end_chain(self, successor: Envelope, body: str, *, holder: str | None,
+                        lease: Lease | None = None) -> int | None:
+        """Write a chain's message (``successor``, encoded as ``body``) as an outbox row and
+        clear the chain lease: as its ``holder``, or with ``holder=None`` as the rescuer of an
+        expired one. ``lease``: the row's own lease (a retry's backoff, a relay's claim).
+        The row's id, or None when there was no such chain at that seq."""
+        outbox_id: int | None = await self.pool.fetchval(
+            self._q["end_chain"], successor.workflow_id, successor.seq, holder,
+            successor.dedup_id, successor.group_id, body,
+            lease.holder if lease else None, lease.seconds if lease else 0.0)
+        return outbox_id
+
+    async def chain_of(self, workflow_id: str, next_seq: int) -> ChainLease | None:
+        """The chain lease on the run's position at ``next_seq``, if any."""
+        row = await self.pool.fetchrow(self._q["chain_of"], workflow_id, next_seq)
+        return ChainLease(**dict(row)) if row else None
+
+    async def expired_chains(self, limit: int) -> list[ChainLease]:
+        """Chains whose lease ran out (their worker died mid-chain), oldest first."""
+        rows = await self.pool.fetch(self._q["expired_chains"], limit)
+        return [ChainLease(**dict(row)) for row in rows]
 
     async def release_leases(self, outbox_ids: Sequence[int], holder: str) -> None:
         if outbox_ids:

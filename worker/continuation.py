@@ -3,13 +3,16 @@
 The state is in memory and the run row was just moved by this worker's own commit, so the next
 hop needs no load, and no SQS send, receive or delete. What keeps it safe:
 
-- The successor's outbox row is written by the same commit, *leased* to this worker
-  (``lease_holder``, ``lease_until`` = database ``now()`` + the lease). The worker's heartbeat
-  extends the lease while the chain lives; nobody (relay, ``ensure_successor``) sends a leased
-  row before its lease expires, so a worker that dies mid-chain is replaced through SQS within
-  about two heartbeats, exactly like a dead worker's received message.
-- The hop's own commit deletes that row in the same statement (it was consumed locally,
-  never sent).
+- The commit of N writes no message for N+1: it puts a *chain lease* on the run's position
+  (``chain_holder`` = this worker, ``chain_until`` = database ``now()`` + the lease; migration
+  0020), in the same statement. The worker's heartbeat extends it while the chain lives.
+- A chain that ends in order writes its message then (``end_chain``): on a retry, leased to
+  this worker until the backoff ends (the relay sends it then); on a shutdown between hops,
+  sent at once.
+- A worker that dies mid-chain leaves an expired lease: the relay, or a duplicate of the
+  chain's first message, rebuilds the message from the run and sends it (phasegate/chains.py),
+  so the run is back through SQS within about two heartbeats, exactly like a dead worker's
+  received message.
 - Every commit is still conditional on the run being ``running`` at that seq: a cancel, or
   another worker that took over after an expired lease, makes the next commit a no-op and the
   chain stops there.
@@ -47,14 +50,22 @@ class ContinuationConfig:
     lease_s: float = 30.0
 
 
+class Pending(NamedTuple):
+    """The message of the hop now running locally: committed as a chain lease, never written
+    as an outbox row unless the chain ends before that hop commits."""
+
+    successor: Envelope
+    body: str
+
+
 @dataclass
 class Chain:
-    """The hops one received message has run. ``leased``: the committed, unsent row of the
-    hop now running locally (None on the first hop, and once it is consumed)."""
+    """The hops one received message has run. ``pending``: the hop now running locally (None
+    on the first hop, and once its commit has consumed the lease)."""
 
     started: float = field(default_factory=time.monotonic)
     hops: int = 0
-    leased: OutboxRow | None = None
+    pending: Pending | None = None
 
 
 def can_continue(config: ContinuationConfig, chain: Chain, *, workflow: Workflow,
@@ -96,43 +107,52 @@ class Hop(NamedTuple):
 
 
 class Leases:
-    """The successor rows leased to this worker by its chains; the heartbeat extends them."""
+    """The runs this worker's chains hold (their position's chain lease); the heartbeat
+    extends them."""
 
     def __init__(self, store: Store, worker_id: str, lease_s: float) -> None:
         self.store = store
         self.lease = Lease(worker_id, lease_s)
-        self.held: dict[int, OutboxRow] = {}
+        self.held: set[str] = set()
 
-    def hold(self, row: OutboxRow) -> None:
-        self.held[row.outbox_id] = row
+    def hold(self, workflow_id: str) -> None:
+        self.held.add(workflow_id)
 
-    def drop(self, row: OutboxRow | None) -> None:
-        if row is not None:
-            self.held.pop(row.outbox_id, None)
+    def drop(self, pending: Pending | None) -> None:
+        if pending is not None:
+            self.held.discard(pending.successor.workflow_id)
 
     async def extend(self) -> int:
         """Extend every held lease (database time); returns how many are still held."""
         ids = list(self.held)
-        kept = await self.store.extend_leases(ids, self.lease)
-        for lost in set(ids) - kept:  # consumed or taken over meanwhile: not ours to extend
-            self.held.pop(lost, None)
+        kept = await self.store.extend_chains(ids, self.lease)
+        self.held.difference_update(set(ids) - kept)  # rescued meanwhile: not ours to extend
         return len(kept)
 
-    async def expire_in(self, row: OutboxRow, seconds: float) -> None:
-        """Stop extending ``row``'s lease and let it run out in ``seconds``: the relay sends
-        the row then (a continued hop's retry keeps its backoff without holding anything)."""
-        self.drop(row)
-        await self.store.extend_leases([row.outbox_id], Lease(self.lease.holder, seconds))
+    async def end(self, pending: Pending, delay_s: float | None = None) -> OutboxRow | None:
+        """End the chain of ``pending``'s run before that hop committed: its message becomes an
+        outbox row, to send now (returned), or after ``delay_s`` (a retry's backoff: the row
+        is leased to this worker until then and the relay sends it). None when the chain was
+        no longer this worker's (rescued after its lease ran out)."""
+        self.drop(pending)
+        successor, body = pending
+        lease = Lease(self.lease.holder, delay_s) if delay_s is not None else None
+        outbox_id = await self.store.end_chain(successor, body, holder=self.lease.holder,
+                                               lease=lease)
+        if outbox_id is None or lease is not None:
+            return None
+        return OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body)
 
 
-def advance(chain: Chain, leases: Leases, row: OutboxRow, successor: Envelope,
+def advance(chain: Chain, leases: Leases, successor: Envelope, body: str,
             position: RunPosition, commit: PhaseCommit) -> Hop:
-    """Chain on: ``row`` (the successor, leased by the commit) is the next hop's. The run row
-    as this worker's commit left it; the state as the next worker would load it (decoded from
-    the canonical JSON that was committed, same schema version: same values, same types)."""
+    """Chain on: the successor (its lease committed with ``commit``) is the next hop's. The run
+    row as this worker's commit left it; the state as the next worker would load it (decoded
+    from the canonical JSON that was committed, same schema version: same values, same
+    types)."""
     chain.hops += 1
-    chain.leased = row
-    leases.hold(row)
+    chain.pending = Pending(successor, body)
+    leases.hold(successor.workflow_id)
     metrics.CONTINUED_HOPS.inc()
     assert commit.next_phase is not None
     next_position = replace(
@@ -145,14 +165,14 @@ def advance(chain: Chain, leases: Leases, row: OutboxRow, successor: Envelope,
 async def end_chain(chain: Chain, settlement: Settlement, leases: Leases,
                     emit: Emit) -> Settlement:
     """After a continued hop, the received message only woke the first one: delete it. A
-    leased row left unconsumed (the hop did not commit) goes out now, or for a retry when
-    its backoff ends (the lease is set to expire then, and the relay sends it)."""
+    hop that did not commit leaves its chain lease: its message goes out now, or for a retry
+    when its backoff ends (the relay sends it then)."""
     if chain.hops == 0:
         return settlement
-    row, chain.leased = chain.leased, None
-    if row is not None and settlement.action is Action.RELEASE:
-        await leases.expire_in(row, settlement.visibility_s)
-    elif row is not None:
-        leases.drop(row)
-        await emit(row)
+    pending, chain.pending = chain.pending, None
+    if pending is not None:
+        retry = settlement.visibility_s if settlement.action is Action.RELEASE else None
+        row = await leases.end(pending, retry)
+        if row is not None:
+            await emit(row)
     return Settlement(Action.DELETE, settlement.outcome)

@@ -1,9 +1,11 @@
 """Step 2's duplicate: a message whose seq its run has already committed.
 
 Its work is done; what may be missing is the successor message (a crash between the commit
-and the send). The duplicate makes sure it exists, then is deleted -- unless a worker holds
-the successor leased for a local chain (worker/continuation.py): then the duplicate is held
-back instead of deleted, so that a dead worker's chain does not depend on the relay alone.
+and the send). The duplicate makes sure it exists, then is deleted -- unless a worker runs the
+run's next phase itself (a local chain, worker/continuation.py) or holds its row leased: then
+the duplicate is held back instead of deleted, so that a dead worker's chain does not depend
+on the relay alone. When it comes back and the chain's lease has run out, it rebuilds the
+chain's message and sends it (phasegate/chains.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import math
 
 import structlog
 
-from phasegate.envelope import Envelope
+from phasegate import chains
+from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.store import Store
 from phasegate.worker.outcomes import Action, Emit, Settlement
 
@@ -36,9 +39,16 @@ class Duplicates:
 
     async def ensure_successor(self, envelope: Envelope, next_seq: int) -> bool:
         """Send the run's next message if its commit left it unsent (a crash between the commit
-        and the send). False while a worker holds it leased (local continuation): its chain is
-        running, or its worker died and the lease runs out within one visibility timeout."""
+        and the send), or its chain left it unwritten (local continuation: the chain's worker
+        died). False while a chain or a lease holds it: its worker is running it, or died and
+        the lease runs out within one visibility timeout."""
         row = await self.store.successor(envelope.workflow_id, envelope.branch, next_seq)
+        if row is None and envelope.branch == MAIN_BRANCH:
+            chain = await self.store.chain_of(envelope.workflow_id, next_seq)
+            if chain is not None and chain.live:
+                return False
+            if chain is not None:  # its worker died mid-chain
+                row = await chains.rescue(self.store, chain)
         if row is None or row.sent_at is not None:
             return True
         if row.leased:

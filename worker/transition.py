@@ -63,6 +63,7 @@ from phasegate.worker.continuation import (
     ContinuationConfig,
     Hop,
     Leases,
+    Pending,
     advance,
     can_continue,
     end_chain,
@@ -263,11 +264,17 @@ class PhaseTransition:
                 door, merged = None, None
                 structlog.contextvars.bind_contextvars(seq=envelope.seq)
         except asyncio.CancelledError:
-            if chain.leased is not None:  # shutdown's cancel: the next worker takes the run now
-                self._durable(self.emit(chain.leased))
+            if chain.pending is not None:  # shutdown's cancel: the next worker takes the run now
+                self._durable(self._hand_off(chain.pending))
             raise
         finally:
-            self.leases.drop(chain.leased)
+            self.leases.drop(chain.pending)
+
+    async def _hand_off(self, pending: Pending) -> None:
+        """End a chain between hops and send its next message at once."""
+        row = await self.leases.end(pending)
+        if row is not None:
+            await self.emit(row)
 
     def _durable(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         """Runs to its end even if shutdown cancels the caller; awaited before the pool closes."""
@@ -362,8 +369,7 @@ class PhaseTransition:
                                waiting=wait is not None, stopping=self._stopping())
         with tracing.commit_span(envelope) as span:
             result = await self.store.commit_phase(
-                commit, body, lease=self.leases.lease if leasing else None,
-                consumed=chain.leased.outbox_id if chain.leased else None)
+                commit, body, lease=self.leases.lease if leasing else None)
             span.set("checkpoint.success", result is not None)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
@@ -372,15 +378,17 @@ class PhaseTransition:
             self._log_phase(envelope, phase_name, started, "superseded")
             return Settlement(Action.DELETE, "superseded")
         _, outbox_id = result
-        self.leases.drop(chain.leased)  # consumed by this commit
-        chain.leased = None
+        self.leases.drop(chain.pending)  # this commit consumed (or ended) its chain lease
+        chain.pending = None
         self.faults.hit("after_commit")
-        if leasing and successor is not None and body is not None and outbox_id is not None:
-            row = OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body)
-            if not self._stopping():  # else SIGTERM came during the commit: hand off now
+        if leasing and successor is not None and body is not None:
+            # The commit wrote a chain lease for the successor, not an outbox row.
+            if not self._stopping():
                 self._log_phase(envelope, phase_name, started, outcome.label, continued=True)
-                return advance(chain, self.leases, row, successor, position, commit)
-        if successor is not None and body is not None and outbox_id is not None:
+                return advance(chain, self.leases, successor, body, position, commit)
+            # SIGTERM came during the commit: hand off now.
+            await self._hand_off(Pending(successor, body))
+        elif successor is not None and body is not None and outbox_id is not None:
             await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
                             commit_started)
         self.faults.hit("after_send")

@@ -56,10 +56,13 @@ SELECT * FROM phasegate_load_for_phases($1, $2, $3);
 -- seconds or a moment, and a signal's name. The successor's row is then due at that time
 -- (database time) and the run is `waiting`; a signal already kept for the run is matched
 -- here (it makes the row due now). outbox_id comes back only for a row due now: the worker
--- sends those, the relay sends the others when they fall due. $25-$27: local continuation's
--- leases (null/0/null without it; never together with a wait, worker/continuation.py).
--- The statement is the server function of that name (migrations/0018_hot_path.sql:
--- its plans are kept per server connection, even behind a transaction-mode pooler).
+-- sends those, the relay sends the others when they fall due. $25-$26: local continuation
+-- (worker/continuation.py; null/0 without it, never together with a wait): the worker that
+-- runs the successor itself and its lease, kept on the run's position instead of an outbox
+-- row (0020: no row, no outbox_id). $27 is always null (a row to delete, for workers of an
+-- earlier release). The statement is the server function of that name
+-- (migrations/0018_hot_path.sql: its plans are kept per server connection, even behind a
+-- transaction-mode pooler; 0020).
 SELECT * FROM phasegate_commit_phase(
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27);
@@ -155,11 +158,39 @@ UPDATE outbox o
 RETURNING o.outbox_id, o.dedup_id, o.group_id, o.body;
 
 -- name: extend_leases
--- A worker's heartbeat: its chains' leased rows ($1) live $3 seconds more. Only rows still
--- leased to it ($2) and unsent: a lease that expired and was claimed by a relay stays lost.
+-- Rows leased to a worker ($1, $2) live $3 seconds more. Only rows still leased to it and
+-- unsent: a lease that expired and was claimed by a relay stays lost.
 UPDATE outbox SET lease_until = now() + make_interval(secs => $3)
  WHERE outbox_id = ANY($1::bigint[]) AND lease_holder = $2 AND sent_at IS NULL
 RETURNING outbox_id;
+
+-- name: extend_chains
+-- A worker's heartbeat: the chain leases it holds on runs' positions ($1, $2; 0020) live $3
+-- seconds more; returns the runs still held (a rescued chain is not).
+SELECT * FROM phasegate_extend_chains($1::text[], $2, $3) AS held(workflow_id);
+
+-- name: end_chain
+-- A chain's message as an outbox row, its position's lease cleared (0020: the holder $3 ends
+-- its chain, or with $3 NULL a rescuer takes an expired one); NULL when there was none to end.
+SELECT phasegate_end_chain($1, $2, $3, $4, $5, $6, $7, $8) AS outbox_id;
+
+-- name: chain_of
+-- The chain lease on a run's position at next_seq $2 (0020), and what its message is made
+-- of, should it have to be rebuilt; no row: no chain.
+SELECT p.workflow_id, p.workflow, p.next_seq, p.current_phase, p.chain_traceparent,
+       r.region, p.chain_until > now() AS live
+  FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
+ WHERE p.workflow_id = $1 AND p.next_seq = $2 AND p.chain_holder IS NOT NULL;
+
+-- name: expired_chains
+-- Relay: the chains whose lease ran out (their worker died mid-chain). run_positions holds
+-- the runs that have not ended and is scanned whole, as for requeue_stalled.
+SELECT p.workflow_id, p.workflow, p.next_seq, p.current_phase, p.chain_traceparent,
+       r.region, false AS live
+  FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
+ WHERE p.chain_until <= now() AND p.chain_holder IS NOT NULL
+ ORDER BY p.chain_until
+ LIMIT $1;
 
 -- name: release_leases
 -- Give up leases ($2's) on rows that stay unsent: the relay sends them on its next rounds

@@ -12,7 +12,6 @@ from datetime import timedelta
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
-from phasegate.store import Store
 from phasegate.workflow import Registry
 from tests import workflows_chain
 from tests.helpers import (
@@ -98,7 +97,7 @@ async def test_a_chain_runs_locally_with_a_fraction_of_the_sqs_calls(settings):
     on, off = counts[True], counts[False]
     assert on.get("send", 0) == 0 and on["delete"] == 1
     assert off["send"] == len(PHASES) - 1 and off["delete"] == len(PHASES)
-    # Every successor row is accounted for: sent, or spent locally (deleted by the next commit).
+    # Every successor row is accounted for: sent (a continued hop writes none).
     assert await fetchval(settings.database_url,
                           "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
 
@@ -116,27 +115,31 @@ async def test_chain_is_bounded_then_handed_to_the_queue(settings):
 
 
 async def test_sigkill_mid_chain_resumes_through_sqs_after_the_lease(settings):
-    """The worker dies with the next hop's row leased to it and the received message in
-    flight: nobody sends the row until the lease runs out, then the relay does, and another
-    worker finishes the run with every phase run and committed once."""
+    """The worker dies with the run's next hop held by its chain lease (no outbox row) and the
+    received message in flight: nobody sends the next message until the lease runs out, then
+    it is rebuilt from the run and sent (by the relay, or by the worker that gets the dead
+    worker's message back), and another worker finishes the run with every phase run and
+    committed once."""
     wid = await _killed_mid_chain(settings)
-    leased = await fetch(settings.database_url, "SELECT seq, lease_holder FROM outbox "
-                         "WHERE sent_at IS NULL")
-    assert [r["seq"] for r in leased] == [3] and leased[0]["lease_holder"]
+    assert await _chain(settings) == (3, True)
+    assert await fetchval(settings.database_url,
+                          "SELECT count(*) FROM outbox WHERE seq = 3") == 0
     async with running_relay(settings, settings.relay_interval_s), \
             running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run resumed")
     await _committed_once(settings)
+    assert await fetchval(settings.database_url, "SELECT count(*) FROM outbox "
+                          "WHERE seq = 3 AND sent_at IS NOT NULL") == 1
     assert await _invocations(settings) == len(PHASES)
 
 
 async def test_sigkill_mid_chain_resumes_with_workers_alone(settings):
     """No relay running: the dead worker's received message comes back to another worker,
-    which finds the run's next row leased, holds the message back until the lease has run
-    out, then sends the row itself -- the chain resumes although nobody relays."""
+    which finds the run held by a chain lease, holds the message back until the lease has run
+    out, then rebuilds the next message and sends it itself -- the chain resumes although
+    nobody relays."""
     wid = await _killed_mid_chain(settings)
-    assert await fetchval(settings.database_url, "SELECT count(*) FROM outbox WHERE sent_at "
-                          "IS NULL AND lease_until > now()") == 1
+    assert await _chain(settings) == (3, True)
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), timeout=90,
                        what="run resumed by a worker alone")
@@ -145,30 +148,30 @@ async def test_sigkill_mid_chain_resumes_with_workers_alone(settings):
 
 
 async def test_a_long_phase_keeps_its_lease_and_a_stopped_heartbeat_loses_it(settings):
-    """While a continued phase runs longer than the lease, the heartbeat keeps extending it
-    and the relay (running) leaves the row alone. Then the worker is frozen (SIGSTOP: no
-    heartbeat): the lease runs out and the row is sent — by the relay, or by the worker that
-    receives the frozen chain's message again (the duplicate path sends a successor whose
-    lease ran out itself), whichever comes first —, another worker runs the phase and
-    commits; the frozen worker, thawed, finishes the same phase and its commit is superseded,
-    never applied twice."""
+    """While a continued phase runs longer than the lease, the heartbeat keeps extending the
+    run's chain lease and the relay (running) sends nothing. Then the worker is frozen
+    (SIGSTOP: no heartbeat): the lease runs out and the next message is rebuilt and sent — by
+    the relay, or by the worker that receives the frozen chain's message again (the
+    duplicate path rescues an expired chain itself), whichever comes first —, another worker
+    runs the phase and commits; the frozen worker, thawed, finishes the same phase and its
+    commit is superseded, never applied twice."""
     wid = await _start(settings, gate="p03")
     frozen = spawn_worker(settings, modules=MODULES)
     try:
         async with running_relay(settings, settings.relay_interval_s) as relay:
             await wait_for(lambda: _invocations(settings, "p03"), what="p03 running")
-            created = await fetchval(settings.database_url, "SELECT created_at FROM outbox "
-                                     "WHERE seq = 3")
+            committed = await fetchval(settings.database_url,
+                                       "SELECT updated_at FROM run_positions")
             extended = timedelta(seconds=settings.visibility_timeout_s + 1)
 
             async def extended_by_heartbeat() -> bool:
                 return bool(await fetchval(
-                    settings.database_url, "SELECT lease_until > $1::timestamptz + $2::interval "
-                    "FROM outbox WHERE seq = 3", created, extended))
+                    settings.database_url, "SELECT chain_until > $1::timestamptz + $2::interval "
+                    "FROM run_positions WHERE next_seq = 3", committed, extended))
 
             await wait_for(extended_by_heartbeat, what="the heartbeat extends the lease")
             assert await fetchval(settings.database_url,
-                                  "SELECT sent_at FROM outbox WHERE seq = 3") is None
+                                  "SELECT count(*) FROM outbox WHERE seq = 3") == 0
             assert relay.relayed == 0
 
             os.kill(frozen.pid, signal.SIGSTOP)
@@ -188,7 +191,8 @@ async def test_a_long_phase_keeps_its_lease_and_a_stopped_heartbeat_loses_it(set
 
 async def test_sigterm_mid_chain_exits_0_and_the_run_completes_elsewhere(settings):
     """SIGTERM while a continued phase runs past the grace: the phase is cancelled, its
-    leased row is sent on the way out, the worker exits 0 and another finishes the run."""
+    message is written and sent on the way out (the chain lease ended), the worker exits 0
+    and another finishes the run."""
     wid = await _start(settings, gate="p05")
     stopping = spawn_worker(settings.model_copy(update={"shutdown_grace_s": 1.0}),
                             modules=MODULES)
@@ -201,6 +205,7 @@ async def test_sigterm_mid_chain_exits_0_and_the_run_completes_elsewhere(setting
     # Handed off at once: the row is sent, not left to run out its lease.
     assert await fetchval(settings.database_url, "SELECT sent_at IS NOT NULL FROM outbox "
                           "WHERE seq = 5")
+    assert await _chain(settings) == (5, None)
     await _open_gate(settings, wid)
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
@@ -215,18 +220,23 @@ async def test_cancel_during_a_chain_stops_it_at_the_next_commit(settings):
         await Control(store.pool, None, REGISTRY, actor="test").cancel(wid, "enough")
         await _open_gate(settings, wid)
         await wait_for(lambda: _drained(worker), what="the chain ended")
-        # The leased row was sent on the way out; marking it sent is batched (not awaited).
-        await wait_for(lambda: _no_live_lease(store), what="the leased row sent")
-    assert await fetchval(settings.database_url,
-                          "SELECT status FROM workflow_runs") == "cancelled"
-    # p04's commit was refused (the run was no longer running); nothing after it ran.
+        assert await store.pool.fetchval("SELECT status FROM workflow_runs") == "cancelled"
+    # p04's commit was refused (the run was no longer running); nothing after it ran, and no
+    # message was written for the cancelled run (the cancel ended its chain lease).
     assert await fetchval(settings.database_url, "SELECT max(seq) FROM checkpoints") == 3
     assert await _invocations(settings, "p05") == 0
+    assert await fetchval(settings.database_url,
+                          "SELECT count(*) FROM outbox WHERE seq >= 4") == 0
+    assert await fetchval(settings.database_url, "SELECT count(*) FROM run_positions") == 0
 
 
-async def _no_live_lease(store: Store) -> bool:
-    return not await store.pool.fetchval(
-        "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+async def _chain(settings: Settings) -> tuple[int, bool | None]:
+    """The run's position: its next seq, and whether a chain lease holds it and is live
+    (None: no chain)."""
+    row = (await fetch(settings.database_url,
+                       "SELECT next_seq, CASE WHEN chain_holder IS NOT NULL "
+                       "THEN chain_until > now() END AS live FROM run_positions"))[0]
+    return row["next_seq"], row["live"]
 
 
 def test_settings_default_to_continuation_on(database_url, queue_pair, sqs_endpoint):

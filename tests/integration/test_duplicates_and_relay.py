@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from phasegate.envelope import phase_message, start_message
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
@@ -71,9 +73,14 @@ async def test_redelivered_phase_message_commits_once_and_successor_sent_once(se
     assert all(r["sent_at"] is not None for r in outbox)
 
 
-async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings):
-    """SIGKILL right after the commit of seq 0: the successor is in the outbox, unsent. The
-    relay (no worker running) sends it; a new worker then finishes the run."""
+@pytest.mark.parametrize("continuation", [False, True], ids=["sent", "continued"])
+async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings, continuation):
+    """SIGKILL right after the commit of seq 0. Without continuation the successor is in the
+    outbox, unsent; with it (the worker was going to run seq 1 itself) the run's position
+    holds a chain lease and there is no row. The relay (no worker running) sends it -- the
+    row, or the message rebuilt from the run once the lease has run out --; a new worker then
+    finishes the run."""
+    settings = settings.model_copy(update={"continuation": continuation})
     async with store_for(settings.database_url) as store, queue_for(settings) as queue:
         wid = (await start_workflow(store, queue, workflow=workflows.chain,
                                     input={"n": 2})).workflow_id
@@ -84,12 +91,15 @@ async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings):
             stop_process(crashing)
         unsent = await fetch(settings.database_url,
                              "SELECT seq FROM outbox WHERE sent_at IS NULL")
-        assert [r["seq"] for r in unsent] == [1]
+        assert [r["seq"] for r in unsent] == ([] if continuation else [1])
         assert await fetchval(settings.database_url, "SELECT next_seq FROM workflow_runs") == 1
+        assert await fetchval(settings.database_url, "SELECT chain_holder IS NOT NULL "
+                              "FROM run_positions") is continuation
 
         relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
 
         async def relayed() -> bool:
+            await relay.rescue_chains()
             await relay.relay_once()
             return relay.relayed == 1
 

@@ -335,40 +335,43 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
                                             ("wf_gl_pending", "running")]
 
 
-async def test_leases_and_spent_rows_are_written_per_row_in_a_batch(database_url):
-    """Local continuation's commits go grouped: each successor is leased to its holder for its
-    own seconds (or not leased), and each continued hop's own row is spent (deleted: it was
-    never sent), as commit_phase does for one."""
+async def test_chain_leases_are_written_per_row_in_a_batch(database_url):
+    """Local continuation's commits go grouped: each continued run's position takes a chain
+    lease for its holder and its own seconds, with no outbox row and no outbox id; a plain
+    commit in the same statement writes its row and ends the chain its run held, as
+    commit_phase does for one (migration 0020)."""
     async with grouped_store(database_url) as store:
         await running(store, "wf_gc_head", "wf_gc_lease_a", "wf_gc_lease_b", "wf_gc_plain")
-        own_row = await fetchval(database_url, "SELECT outbox_id FROM outbox "
-                                 "WHERE workflow_id = 'wf_gc_lease_a' AND seq = 0")
+        # wf_gc_plain's worker was running it locally: its plain commit ends that chain.
+        assert await store.commit_phase(commit_of("wf_gc_plain", 0),
+                                        lease=Lease("w-old", 600.0)) is not None
         async with held(database_url, "wf_gc_head"):
             head = submitted(store, [commit_of("wf_gc_head")])
             await wait_for(lambda: _waiting(database_url, 1), timeout=30,
                            what="the head commit waiting on the held row")
             batch = [
                 asyncio.ensure_future(store.commit_phase(
-                    commit_of("wf_gc_lease_a"), lease=Lease("w-a", 600.0), consumed=own_row)),
+                    commit_of("wf_gc_lease_a"), lease=Lease("w-a", 600.0))),
                 asyncio.ensure_future(store.commit_phase(
                     commit_of("wf_gc_lease_b"), lease=Lease("w-b", 30.0))),
-                asyncio.ensure_future(store.commit_phase(commit_of("wf_gc_plain")))]
+                asyncio.ensure_future(store.commit_phase(commit_of("wf_gc_plain", 1)))]
             await until_queued(store, 3)
         assert await head[0] is not None
         results = await asyncio.gather(*batch)
         assert store.group_commit is not None and store.group_commit.statements == 1
-    assert all(r is not None and r[1] is not None for r in results)
+    assert [r is not None for r in results] == [True, True, True]
+    assert [r[1] is not None for r in results if r is not None] == [False, False, True]
     rows = await fetch(
-        database_url, "SELECT workflow_id, lease_holder, "
-        "round(extract(epoch FROM lease_until - created_at))::int AS lease_s, due_at "
-        "FROM outbox WHERE seq = 1 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
-    assert [tuple(r) for r in rows] == [
-        ("wf_gc_head", None, None, None), ("wf_gc_lease_a", "w-a", 600, None),
-        ("wf_gc_lease_b", "w-b", 30, None), ("wf_gc_plain", None, None, None)]
-    kept = await fetch(database_url, "SELECT workflow_id, sent_at IS NOT NULL AS sent "
-                       "FROM outbox WHERE seq = 0 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
-    assert {r["workflow_id"]: r["sent"] for r in kept} == {
-        "wf_gc_head": False, "wf_gc_lease_b": False, "wf_gc_plain": False}
+        database_url, "SELECT workflow_id, seq FROM outbox "
+        "WHERE seq > 0 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+    assert [tuple(r) for r in rows] == [("wf_gc_head", 1), ("wf_gc_plain", 2)]
+    chains = await fetch(
+        database_url, "SELECT workflow_id, next_seq, chain_holder, "
+        "round(extract(epoch FROM chain_until - updated_at))::int AS lease_s "
+        "FROM run_positions WHERE workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+    assert [tuple(r) for r in chains] == [
+        ("wf_gc_head", 1, None, None), ("wf_gc_lease_a", 1, "w-a", 600),
+        ("wf_gc_lease_b", 1, "w-b", 30), ("wf_gc_plain", 2, None, None)]
 
 
 async def test_a_commit_with_a_wait_never_joins_a_group(database_url):

@@ -40,11 +40,14 @@ async def test_plain_commits_update_the_run_row_and_its_position_hot(database_ur
     # No index names a column that a plain commit changes...
     assert set(figures["changed_columns"]) >= {"next_seq", "current_phase", "updated_at"}
     assert figures["blocking_indexes"] == {}
-    # ...so (pages having room: fillfactor) every update of both rows is HOT.
+    # ...so (pages having room: fillfactor) the updates of both rows are HOT. Not every one:
+    # a page is pruned of dead versions only when no snapshot still sees them, so a concurrent
+    # reader (autovacuum, the statistics reads) can leave one full for an update or two (seen:
+    # 44 of 48). Without 0017 none is.
     for table in ("workflow_runs", "run_positions"):
         counted = figures["tables"][table]
         assert counted["updates"] == 48, (table, figures["tables"])
-        assert counted["hot_updates"] >= 45, (table, figures["tables"])
+        assert counted["hot_updates"] >= 40, (table, figures["tables"])
     assert await fetch(database_url, DISAGREEMENTS) == []
 
 
@@ -162,27 +165,23 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
 
 
 async def test_the_worker_role_commits_through_the_function_and_a_reader_cannot(database_url):
-    """The commit runs with its owner's rights (it writes the position and deletes a spent
-    row, which the worker role cannot do directly): the worker role commits, single and
-    grouped, with a lease and a spent row; the position follows without the trigger; a reader
-    may not call it."""
+    """The commit runs with its owner's rights (it writes the position and its chain lease,
+    which the worker role cannot do directly): the worker role commits, single and grouped,
+    with a lease; extends and ends its chain; the position follows without the trigger; a
+    reader may not call any of them."""
     async with login_user(database_url, "phasegate_worker") as worker_dsn:
         pool = await create_pool(worker_dsn, min_size=1, max_size=2)
         try:
             store = Store(pool)
             await running(store, "wr-1")
-            spent = await fetchval(database_url, "SELECT outbox_id FROM outbox "
-                                   "WHERE workflow_id = 'wr-1' AND seq = 0")
-            result = await store.commit_phase(commit_of("wr-1"), lease=Lease("w-1", 60.0),
-                                              consumed=spent)
-            assert result is not None
+            result = await store.commit_phase(commit_of("wr-1"), lease=Lease("w-1", 60.0))
+            assert result is not None and result[1] is None  # a chain lease, no row
+            assert await store.extend_chains(["wr-1"], Lease("w-1", 90.0)) == {"wr-1"}
             grouped = Store(pool, commit_window_s=0.001)
             assert await grouped.commit_phase(commit_of("wr-1", 1, status="completed")) \
                 is not None
         finally:
             await pool.close()
-    assert await fetchval(database_url, "SELECT count(*) FROM outbox WHERE outbox_id = $1",
-                          spent) == 0
     assert await fetchval(database_url,
                           "SELECT status FROM workflow_runs WHERE workflow_id = 'wr-1'") \
         == "completed"
@@ -194,6 +193,9 @@ async def test_the_worker_role_commits_through_the_function_and_a_reader_cannot(
         try:
             assert await denied(connection, "SELECT * FROM phasegate_commit_phase("
                                 + ", ".join(["NULL"] * 27) + ")")
+            assert await denied(connection, "SELECT phasegate_end_chain("
+                                + ", ".join(["NULL"] * 8) + ")")
+            assert await denied(connection, "SELECT phasegate_extend_chains(NULL, NULL, 1)")
         finally:
             await connection.close()
 
