@@ -158,7 +158,8 @@ class DatabaseBackend:
         return self._runner.run(call())
 
     def summary(self) -> dict[str, Any]:
-        from phasegate.orchestrator.api import QueueState, Services, queue_state
+        from phasegate.orchestrator.api import Services, queue_state
+        from phasegate.orchestrator.api_models import QueueState
 
         async def get(control: Control) -> dict[str, Any]:
             rows = await control.views.summary()
