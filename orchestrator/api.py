@@ -12,6 +12,7 @@ bodies and parameter types all routes share are in ``api_models.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -37,7 +38,7 @@ from phasegate.orchestrator.api_models import (
 )
 from phasegate.orchestrator.api_steering import add_steering_routes
 from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
-from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN, IDEMPOTENCY_KEY_RULE, Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.gate import OPEN_PATHS, Gate, is_console_path, required_role
 from phasegate.orchestrator.quarantine import MAX_PAGE as QUARANTINE_PAGE
@@ -68,6 +69,9 @@ WAIT_POLL_S = (0.1, 1.0)
 MOVING = ("pending", "running", "waiting", "queued")
 # A stall threshold of ten years is "never"; beyond it the interval arithmetic overflows.
 MAX_STALL_S = 10 * 365 * 86400.0
+# A 422 for one of these patterns says the rule in words ("String should match pattern
+# '^[!-~]{1,200}$'" names the field but leaves the caller to read a regular expression).
+PATTERN_RULES = {IDEMPOTENCY_KEY_PATTERN: IDEMPOTENCY_KEY_RULE}
 
 
 @dataclass
@@ -118,7 +122,7 @@ def create_app(services: Services) -> FastAPI:
         # Where and why, never the value: an echoed input could be large, could hold text
         # JSON cannot encode (a lone surrogate), and is the caller's data, not ours to log.
         errors = [{"loc": [str(part) for part in e.get("loc", ())],
-                   "msg": str(e.get("msg", "invalid")), "type": str(e.get("type", ""))}
+                   "msg": validation_message(e), "type": str(e.get("type", ""))}
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
@@ -253,6 +257,13 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(Gate, auth=services.auth, routes=app.router.routes,
                        max_body_bytes=services.max_body_bytes)
     return app
+
+
+def validation_message(error: Mapping[str, Any]) -> str:
+    """pydantic's message for one refused input, or, for a pattern a person cannot read at a
+    glance, the rule it encodes in words."""
+    pattern = (error.get("ctx") or {}).get("pattern")
+    return PATTERN_RULES.get(str(pattern), str(error.get("msg", "invalid")))
 
 
 def describe_roles(app: FastAPI) -> None:

@@ -11,6 +11,7 @@ from fastapi import Path as Path_
 from pydantic import BaseModel, Field, model_validator
 
 from phasegate.orchestrator.auth import Caller
+from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN
 from phasegate.orchestrator.fleet import Fleet
 from phasegate.orchestrator.views import LiveWorker, MessageAges, Run, SummaryRow
 from phasegate.storable import UnstorableValue, check_storable
@@ -51,8 +52,9 @@ class ActionRequest(Storable):
 class SignalRequest(Storable):
     payload: Any = Field(default=None, description="Any JSON; the next phase's ctx.signal.")
     idempotency_key: str | None = Field(
-        default=None, min_length=1, max_length=200,
-        description="A repeat with the same key changes nothing (also: Idempotency-Key).")
+        default=None, min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="1-200 visible ASCII characters. A repeat with the same key changes "
+                    "nothing (also: Idempotency-Key).")
 
 
 class SignalResponse(BaseModel):

@@ -20,7 +20,7 @@ from phasegate.orchestrator.api_models import (
     SignalResponse,
     WorkflowId,
 )
-from phasegate.orchestrator.control import DECISION_KEY_PATTERN, Control, Outcome
+from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN, Control, Outcome
 
 
 def add_steering_routes(app: FastAPI, control: Control) -> None:
@@ -50,7 +50,7 @@ def _decision_route(app: FastAPI, control: Control, name: str) -> None:
     async def decide(workflow_id: WorkflowId, caller: CallerDep, response: Response,
                      body: Annotated[ActionRequest | None, Body()] = None,
                      idempotency_key: Annotated[str | None, Header(
-                         pattern=DECISION_KEY_PATTERN,
+                         pattern=IDEMPOTENCY_KEY_PATTERN,
                          description="1-200 visible ASCII characters. A retry with the "
                                      "same key gets the first answer (200, the same body, "
                                      "header Idempotent-Replayed: true) and changes "
@@ -79,7 +79,11 @@ def _signal_route(app: FastAPI, control: Control) -> None:
     async def signal(workflow_id: WorkflowId, name: SignalName, caller: CallerDep,
                      body: Annotated[SignalRequest | None, Body()] = None,
                      idempotency_key: Annotated[str | None, Header(
-                         min_length=1, max_length=200)] = None) -> SignalResponse:
+                         min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY_PATTERN,
+                         description="1-200 visible ASCII characters. A repeat with the "
+                                     "same key changes nothing (also: the body's "
+                                     "idempotency_key, which wins).")] = None,
+                     ) -> SignalResponse:
         """Wakes the run if it waits for ``name`` (``ctx.wait_for_signal``); otherwise the
         signal is kept until a wait for its name, or until the run ends. 404: no such run;
         409: the run has ended."""

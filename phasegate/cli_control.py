@@ -367,7 +367,8 @@ def list_runs(api_url: str | None, status: str | None, workflow: str | None,
 @click.argument("name")
 @click.option("--payload", default="null", show_default=True,
               help="The signal's payload as JSON (the next phase's ctx.signal).")
-@click.option("--idempotency-key", help="A repeat with the same key changes nothing.")
+@click.option("--idempotency-key", help="1-200 visible ASCII characters. A repeat with "
+              "the same key changes nothing.")
 def signal(api_url: str | None, workflow_id: str, name: str, payload: str,
            idempotency_key: str | None) -> None:
     """Send signal NAME to a run: it wakes the run if it waits for NAME
