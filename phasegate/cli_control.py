@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -59,12 +59,13 @@ def _backend(api_url: str | None, *, needs_registry: bool = False,
                            role=role)
 
 
-def _fail(error: BackendError) -> None:
+def _fail(error: BackendError) -> NoReturn:
+    from phasegate.cli import fail
+
     hint = " (set PHASEGATE_API_TOKEN, or PHASEGATE_API_TOKEN_FILE, to a token from " \
         "`phasegate token new`)" \
         if error.status == 401 else ""
-    click.echo(f"phasegate: {error}{hint}", err=True)
-    raise SystemExit(1 if error.status in (0, 404, 409) else 2)
+    fail(f"{error}{hint}", 1 if error.status in (0, 404, 409) else 2)
 
 
 @click.command()
