@@ -3,27 +3,43 @@
 Versioned under ``/v1``. It reads and steers the tables the worker writes and keeps no state
 of its own; every start and every resume goes through the outbox in the same statement as
 the run row, so a crash of this process never loses one.
+
+This module builds the app: its error handlers, the routes that start and read runs, the
+operations routes and the probes. The routes that steer a run are in ``api_steering.py``; the
+bodies and parameter types all routes share are in ``api_models.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import asyncpg
-from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 from fastapi import Path as Path_
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel, Field, model_validator
 
 from phasegate.limits import SQS_MAX_MESSAGE_BYTES
 from phasegate.orchestrator import exporter as _exporter  # noqa: F401  (its series are always served)
+from phasegate.orchestrator.api_models import (
+    BODY_ERRORS,
+    ERRORS,
+    GATE_ERRORS,
+    CallerDep,
+    FleetReport,
+    QueueState,
+    StartRequest,
+    Summary,
+    WorkflowId,
+)
+from phasegate.orchestrator.api_steering import add_steering_routes
 from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
-from phasegate.orchestrator.control import DECISION_KEY_PATTERN, Control, Outcome
-from phasegate.orchestrator.fleet import Fleet, FleetView
+from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN, IDEMPOTENCY_KEY_RULE, Control
+from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.gate import OPEN_PATHS, Gate, is_console_path, required_role
 from phasegate.orchestrator.quarantine import MAX_PAGE as QUARANTINE_PAGE
 from phasegate.orchestrator.quarantine import QuarantinePage, Redriven, list_quarantine
@@ -32,16 +48,13 @@ from phasegate.orchestrator.views import (
     CheckpointPage,
     ControlError,
     LiveWorker,
-    MessageAges,
     Run,
     RunPage,
     StallReport,
-    SummaryRow,
 )
 from phasegate.presence import live_workers
 from phasegate.queue import Queue
 from phasegate.sql import queries
-from phasegate.storable import UnstorableValue, check_storable
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
@@ -56,6 +69,9 @@ WAIT_POLL_S = (0.1, 1.0)
 MOVING = ("pending", "running", "waiting", "queued")
 # A stall threshold of ten years is "never"; beyond it the interval arithmetic overflows.
 MAX_STALL_S = 10 * 365 * 86400.0
+# A 422 for one of these patterns says the rule in words ("String should match pattern
+# '^[!-~]{1,200}$'" names the field but leaves the caller to read a regular expression).
+PATTERN_RULES = {IDEMPOTENCY_KEY_PATTERN: IDEMPOTENCY_KEY_RULE}
 
 
 @dataclass
@@ -72,103 +88,6 @@ class Services:
     secure_cookie: bool | None = None
 
 
-class Storable(BaseModel):
-    """A request body PostgreSQL can store: no NUL, no lone surrogate, not too deep."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _storable(cls, value: Any) -> Any:
-        try:
-            check_storable(value, where="body")
-        except UnstorableValue as exc:
-            raise ValueError(f"{exc.where}: {exc.reason}") from None
-        return value
-
-
-class StartRequest(Storable):
-    workflow: str = Field(min_length=1, max_length=200)
-    input: Any = None
-    id: str | None = Field(default=None, description="Opaque id; a repeat returns the run.")
-    classification: Literal["public", "internal", "sensitive", "regulated"] | None = Field(
-        default=None, description="Default internal; sensitive and regulated need a region.")
-    region: str | None = Field(
-        default=None, description="The store (PHASEGATE_STORES) the run lives in; fixed.")
-
-
-class MergeRequest(Storable):
-    branch: str = Field(min_length=1, max_length=26, description="The branch to promote.")
-    reason: str | None = Field(default=None, max_length=1000)
-
-
-class ActionRequest(Storable):
-    reason: str | None = Field(default=None, max_length=1000)
-
-
-class SignalRequest(Storable):
-    payload: Any = Field(default=None, description="Any JSON; the next phase's ctx.signal.")
-    idempotency_key: str | None = Field(
-        default=None, min_length=1, max_length=200,
-        description="A repeat with the same key changes nothing (also: Idempotency-Key).")
-
-
-class SignalResponse(BaseModel):
-    workflow_id: str
-    name: str
-    signal_id: int
-    delivered: bool = Field(description="It woke the run's wait for this name; false: kept "
-                                        "until a wait for its name, or the run's end.")
-    duplicate: bool = Field(description="The idempotency key was seen before; nothing changed.")
-    sent: bool = Field(description="The woken run's message reached SQS (false: the relay "
-                                   "sends it).")
-
-
-class ActionResponse(BaseModel):
-    action: str
-    run: Run
-    sent: bool | None = Field(
-        default=None, description="False: the resuming message is in the outbox and the "
-                                  "relay will send it.")
-
-
-class QueueState(BaseModel):
-    visible: int | None = None
-    inflight: int | None = None
-    delayed: int | None = None
-    error: str | None = None
-
-
-class Summary(BaseModel):
-    runs: list[SummaryRow]
-    queue: QueueState
-
-
-class FleetReport(BaseModel):
-    fleet: Fleet
-    queue: QueueState
-    workers: list[LiveWorker] = Field(
-        description="Workers that reported within two of their presence intervals, oldest "
-                    "first (the console's fleet page); empty: the fleet may be at zero.")
-    ages: MessageAges = Field(
-        description="How long messages have waited (database time, main chains only), as "
-                    "the console's fleet page shows them.")
-
-
-class Problem(BaseModel):
-    detail: str
-
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": Problem, "description": "No such run"},
-    409: {"model": Problem, "description": "The run's status does not allow this"},
-}
-GATE_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "No bearer token, or not a valid one"},
-    403: {"model": Problem, "description": "The token's roles do not include the one needed"},
-    503: {"model": Problem, "description": "The database (or the token check) is unreachable"},
-}
-BODY_ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"model": Problem, "description": "The body exceeds PHASEGATE_API_MAX_BODY_BYTES"},
-}
 # The database is down or the connection broke: 503, so a client retries, never a 500.
 # InternalClientError: asyncpg's state machine on a connection the server just terminated
 # ("cannot switch to state ..."), seen when a login is disabled under load.
@@ -178,21 +97,6 @@ UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 # credentials (a rotated password, a disabled login), too many connections / out of
 # resources, and an administrator's shutdown or a starting server.
 UNAVAILABLE_SQLSTATE = ("08", "28", "53", "57")
-
-WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
-SignalName = Annotated[str, Path_(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
-
-
-def caller_of(request: Request) -> Caller:
-    """The caller the gate admitted. None means the route was reached without the gate:
-    refuse (fail closed) rather than act for nobody."""
-    caller: Caller | None = request.scope.get("state", {}).get("caller")
-    if caller is None:
-        raise HTTPException(401, "not authenticated", headers={"WWW-Authenticate": "Bearer"})
-    return caller
-
-
-CallerDep = Annotated[Caller, Depends(caller_of)]
 
 
 def create_app(services: Services) -> FastAPI:
@@ -218,7 +122,7 @@ def create_app(services: Services) -> FastAPI:
         # Where and why, never the value: an echoed input could be large, could hold text
         # JSON cannot encode (a lone surrogate), and is the caller's data, not ours to log.
         errors = [{"loc": [str(part) for part in e.get("loc", ())],
-                   "msg": str(e.get("msg", "invalid")), "type": str(e.get("type", ""))}
+                   "msg": validation_message(e), "type": str(e.get("type", ""))}
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
@@ -291,75 +195,7 @@ def create_app(services: Services) -> FastAPI:
                 "actions": [a.model_dump(mode="json")
                             for a in await scoped.views.actions(workflow_id)]}
 
-    def action_route(name: str) -> None:
-        async def act(workflow_id: WorkflowId, caller: CallerDep,
-                      body: Annotated[ActionRequest | None, Body()] = None) -> ActionResponse:
-            scoped = await control_for(caller).scoped(workflow_id)
-            outcome: Outcome = await getattr(scoped, name)(
-                workflow_id, body.reason if body else None)
-            return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
-
-        app.post(f"/v1/workflows/{{workflow_id}}/{name}", response_model=ActionResponse,
-                 responses={**ERRORS, **BODY_ERRORS}, name=name,
-                 summary=f"{name.capitalize()} a run")(act)
-
-    for name in ("cancel", "retry", "restart"):
-        action_route(name)
-
-    def decision_route(name: str) -> None:
-        async def decide(workflow_id: WorkflowId, caller: CallerDep, response: Response,
-                         body: Annotated[ActionRequest | None, Body()] = None,
-                         idempotency_key: Annotated[str | None, Header(
-                             pattern=DECISION_KEY_PATTERN,
-                             description="1-200 visible ASCII characters. A retry with the "
-                                         "same key gets the first answer (200, the same body, "
-                                         "header Idempotent-Replayed: true) and changes "
-                                         "nothing.")] = None) -> ActionResponse:
-            """A run awaiting review: ``approve`` continues it, ``reject`` re-runs the phase
-            under review. Without ``Idempotency-Key``, a repeat is a 409 (the run is no
-            longer awaiting review)."""
-            scoped = await control_for(caller).scoped(workflow_id)
-            outcome: Outcome = await getattr(scoped, name)(
-                workflow_id, body.reason if body else None, idempotency_key=idempotency_key)
-            if outcome.replayed:
-                response.headers["Idempotent-Replayed"] = "true"
-            return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
-
-        app.post(f"/v1/workflows/{{workflow_id}}/{name}", response_model=ActionResponse,
-                 responses={**ERRORS, **BODY_ERRORS, 422: {
-                     "description": "A bad idempotency key or body"}}, name=name,
-                 summary=f"{name.capitalize()} a run")(decide)
-
-    for name in ("approve", "reject"):
-        decision_route(name)
-
-    @app.post("/v1/workflows/{workflow_id}/signals/{name}", response_model=SignalResponse,
-              responses={**ERRORS, **BODY_ERRORS, 422: {
-                  "description": "A bad signal name, idempotency key or payload"}},
-              summary="Send a signal to a run")
-    async def signal(workflow_id: WorkflowId, name: SignalName, caller: CallerDep,
-                     body: Annotated[SignalRequest | None, Body()] = None,
-                     idempotency_key: Annotated[str | None, Header(
-                         min_length=1, max_length=200)] = None) -> SignalResponse:
-        """Wakes the run if it waits for ``name`` (``ctx.wait_for_signal``); otherwise the
-        signal is kept until a wait for its name, or until the run ends. 404: no such run;
-        409: the run has ended."""
-        scoped = await control_for(caller).scoped(workflow_id)
-        request = body or SignalRequest()
-        result = await scoped.signal(workflow_id, name, request.payload,
-                                     request.idempotency_key or idempotency_key)
-        return SignalResponse(workflow_id=workflow_id, name=name, signal_id=result.signal_id,
-                              delivered=result.delivered, duplicate=result.duplicate,
-                              sent=result.sent)
-
-    @app.post("/v1/workflows/{workflow_id}/merge", response_model=ActionResponse,
-              responses={**ERRORS, **BODY_ERRORS},
-              summary="Supervisor merge: promote a branch's state")
-    async def merge(workflow_id: WorkflowId, request: MergeRequest,
-                    caller: CallerDep) -> ActionResponse:
-        scoped = await control_for(caller).scoped(workflow_id)
-        outcome = await scoped.merge(workflow_id, request.branch, request.reason)
-        return ActionResponse(action=outcome.action, run=outcome.run, sent=outcome.sent)
+    add_steering_routes(app, services.control)
 
     @app.get("/v1/workflows/{workflow_id}/branches", responses=ERRORS)
     async def branches(workflow_id: WorkflowId) -> dict[str, Any]:
@@ -421,6 +257,13 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(Gate, auth=services.auth, routes=app.router.routes,
                        max_body_bytes=services.max_body_bytes)
     return app
+
+
+def validation_message(error: Mapping[str, Any]) -> str:
+    """pydantic's message for one refused input, or, for a pattern a person cannot read at a
+    glance, the rule it encodes in words."""
+    pattern = (error.get("ctx") or {}).get("pattern")
+    return PATTERN_RULES.get(str(pattern), str(error.get("msg", "invalid")))
 
 
 def describe_roles(app: FastAPI) -> None:

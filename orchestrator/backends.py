@@ -11,6 +11,7 @@ import asyncpg
 import httpx
 
 from phasegate.access import policy_from
+from phasegate.client import problem_lines
 from phasegate.db import pool_from_settings
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
@@ -67,7 +68,8 @@ class ApiBackend:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise BackendError(str(detail), response.status_code)
+            # One line per problem: a 422 names each refused input (its field path) in turn.
+            raise BackendError("\n".join(problem_lines(detail)), response.status_code)
         body: dict[str, Any] = response.json()
         return body
 
@@ -158,7 +160,8 @@ class DatabaseBackend:
         return self._runner.run(call())
 
     def summary(self) -> dict[str, Any]:
-        from phasegate.orchestrator.api import QueueState, Services, queue_state
+        from phasegate.orchestrator.api import Services, queue_state
+        from phasegate.orchestrator.api_models import QueueState
 
         async def get(control: Control) -> dict[str, Any]:
             rows = await control.views.summary()

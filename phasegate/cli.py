@@ -23,7 +23,9 @@ from phasegate.workflow import Registry, WorkflowDefinitionError
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"phasegate: {message}", err=True)
+    """Print ``message`` (each of its lines: one problem) to stderr and exit with ``code``."""
+    for line in message.splitlines() or [""]:
+        click.echo(f"phasegate: {line}", err=True)
     raise SystemExit(code)
 
 
@@ -259,7 +261,7 @@ def _start_through_api(api_url: str, workflow_name: str, input_json: str,
             run = api.start(workflow_name, payload, workflow_id=workflow_id,
                             classification=classification, region=region)
     except ApiError as exc:
-        fail(exc.detail, 1 if exc.status in (0, 409, 503) else 2)
+        fail("\n".join(exc.problems), 1 if exc.status in (0, 409, 503) else 2)
     if output == "json":
         click.echo(json.dumps({"workflow_id": run.workflow_id, "workflow": run.workflow,
                                "status": run.status, "seq": run.seq,

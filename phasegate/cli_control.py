@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -59,12 +59,13 @@ def _backend(api_url: str | None, *, needs_registry: bool = False,
                            role=role)
 
 
-def _fail(error: BackendError) -> None:
+def _fail(error: BackendError) -> NoReturn:
+    from phasegate.cli import fail
+
     hint = " (set PHASEGATE_API_TOKEN, or PHASEGATE_API_TOKEN_FILE, to a token from " \
         "`phasegate token new`)" \
         if error.status == 401 else ""
-    click.echo(f"phasegate: {error}{hint}", err=True)
-    raise SystemExit(1 if error.status in (0, 404, 409) else 2)
+    fail(f"{error}{hint}", 1 if error.status in (0, 404, 409) else 2)
 
 
 @click.command()
@@ -367,7 +368,8 @@ def list_runs(api_url: str | None, status: str | None, workflow: str | None,
 @click.argument("name")
 @click.option("--payload", default="null", show_default=True,
               help="The signal's payload as JSON (the next phase's ctx.signal).")
-@click.option("--idempotency-key", help="A repeat with the same key changes nothing.")
+@click.option("--idempotency-key", help="1-200 visible ASCII characters. A repeat with "
+              "the same key changes nothing.")
 def signal(api_url: str | None, workflow_id: str, name: str, payload: str,
            idempotency_key: str | None) -> None:
     """Send signal NAME to a run: it wakes the run if it waits for NAME

@@ -40,12 +40,14 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class ApiError(Exception):
-    """The API refused a request; ``status`` is its HTTP status, ``detail`` its message."""
+    """The API refused a request; ``status`` is its HTTP status, ``detail`` its message, and
+    ``problems`` the same one line per problem (a 422 can name several fields)."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, problems: list[str] | None = None) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status else detail)
         self.status = status
         self.detail = detail
+        self.problems = problems or [detail]
 
 
 class Unauthenticated(ApiError):
@@ -189,15 +191,24 @@ def token_from_environment() -> str | None:
     return None
 
 
+def problem_lines(detail: Any) -> list[str]:
+    """An error answer's ``detail`` for a person: the message, or for a 422 from validation
+    (a list of ``{loc, msg}``) one ``field.path: message`` line per refused input."""
+    if isinstance(detail, str):
+        return [detail]
+    lines = [f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
+             for d in detail if isinstance(d, dict)] if isinstance(detail, list) else []
+    return lines or [str(detail)]
+
+
 def _error(response: httpx.Response) -> ApiError:
     try:
         detail: Any = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text
-    if not isinstance(detail, str):  # 422 from validation: a list of {loc, msg}
-        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
-                           for d in detail if isinstance(d, dict)) or str(detail)
-    return ERRORS.get(response.status_code, ApiError)(response.status_code, detail)
+    problems = problem_lines(detail)
+    return ERRORS.get(response.status_code, ApiError)(response.status_code, "; ".join(problems),
+                                                      problems)
 
 
 def _path(workflow_id: str, *rest: str) -> str:

@@ -209,8 +209,21 @@ def test_commands_through_the_api(cli: Any, settings: Settings) -> None:
         assert json.loads(again.stdout)["action"] == "approve"
         refused = cli("reject", "a-1", "--api", url)
         assert refused.exit_code == 1 and "needs awaiting_review" in refused.stderr
+        # A 422: one line per refused input, its field path and why; never a raw list.
         bad_key = cli("reject", "a-1", "--api", url, "--idempotency-key", "not ok")
-        assert bad_key.exit_code == 2 and "idempotency-key" in bad_key.stderr
+        assert bad_key.exit_code == 2
+        assert bad_key.stderr == "phasegate: header.idempotency-key: an idempotency key is " \
+            "1-200 visible ASCII characters (no spaces)\n"
+        two_bad = cli("signal", "a-1", "bad name", "--api", url, "--idempotency-key", "not ok")
+        assert two_bad.exit_code == 2
+        assert sorted(two_bad.stderr.splitlines()) == [
+            "phasegate: body.idempotency_key: an idempotency key is 1-200 visible ASCII "
+            "characters (no spaces)",
+            "phasegate: path.name: String should match pattern '^[A-Za-z0-9_.-]{1,100}$'"]
+        long_name = cli("start", "w" * 201, "--api", url)
+        assert long_name.exit_code == 2
+        assert long_name.stderr == \
+            "phasegate: body.workflow: String should have at most 200 characters\n"
         inspected = cli("inspect", "a-1", "--api", url)
         assert "approve  awaiting_review" in inspected.stdout
         assert cli("cancel", "zzz", "--api", url).exit_code == 1

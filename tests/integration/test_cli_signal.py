@@ -80,4 +80,9 @@ def test_signal_refusals_exit_nonzero_and_store_nothing(cli: Any, settings: Sett
     assert finished.exit_code == 1 and "completed" in finished.output
     bad_name = cli("signal", "w-2", "bad name")
     assert bad_name.exit_code == 2 and "signal name" in bad_name.output
+    # The API's rule for a key, on the way to the database too.
+    bad_key = cli("signal", "w-2", "approval", "--idempotency-key", "line\nbreak")
+    assert bad_key.exit_code == 2
+    assert bad_key.output == "phasegate: an idempotency key is 1-200 visible ASCII " \
+        "characters (no spaces)\n"
     assert value(settings, "SELECT count(*) FROM signals") == 0

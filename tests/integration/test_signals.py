@@ -16,7 +16,7 @@ import pytest
 import phasegate
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.auth import TokenFile
-from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.control import IDEMPOTENCY_KEY_RULE, Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.relay import Relay
 from phasegate.settings import Settings
@@ -192,6 +192,42 @@ async def test_signal_refusals(client: httpx.AsyncClient, settings: Settings, pa
         assert "reserved" in response.json()["detail"]
     kept = await fetchval(settings.database_url or "", "SELECT count(*) FROM signals")
     assert kept == (1 if status == 200 else 0)  # nothing stored for a refusal
+
+
+@pytest.mark.parametrize("where", ["header", "body"])
+@pytest.mark.parametrize(("key", "rule"), [
+    ("", False),                # empty
+    ("k" * 201, False),         # too long
+    ("two words", True),        # a space
+    ("tab\there", True),        # a control character
+    ("line\nbreak", True),      # a newline
+    ("caf\u00e9", True),        # not ASCII
+])
+async def test_a_bad_idempotency_key_is_422_naming_the_field_and_stores_nothing(
+        client: httpx.AsyncClient, settings: Settings, where: str, key: str,
+        rule: bool) -> None:
+    """The decision routes' rule (1-200 visible ASCII characters), in the header or the body."""
+    await start(client, "sig-8", timeout_s=3600)
+    if where == "header":
+        # httpx refuses a newline in a header it sends; raw bytes reach the server as sent.
+        response = await client.post("/v1/workflows/sig-8/signals/approval", json={},
+                                     headers={"Idempotency-Key": key.encode()})
+    else:
+        response = await client.post("/v1/workflows/sig-8/signals/approval",
+                                     json={"idempotency_key": key})
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == (["header", "idempotency-key"] if where == "header"
+                              else ["body", "idempotency_key"])
+    if rule:
+        assert problem["msg"] == IDEMPOTENCY_KEY_RULE
+    assert await fetchval(settings.database_url or "", "SELECT count(*) FROM signals") == 0
+    # The longest key allowed, of every visible ASCII character class, is taken.
+    longest = ("Az09-_.:/+=~!" * 16)[:200]
+    taken = await client.post("/v1/workflows/sig-8/signals/approval",
+                              json={"idempotency_key": longest} if where == "body" else {},
+                              headers={"Idempotency-Key": longest} if where == "header" else {})
+    assert taken.status_code == 200, taken.text
 
 
 async def test_a_viewer_may_not_signal(client: httpx.AsyncClient) -> None:
