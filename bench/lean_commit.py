@@ -2,6 +2,11 @@
 
     python -m bench.lean_commit            # 0017's dropped indexes back, and the newest schema
     python -m bench.lean_commit --runs 16 --phases 100 --schemas after --paths group
+    python -m bench.lean_commit --schemas v19,after --paths continued   # migration 0020
+
+The ``continued`` path is local continuation's: each commit leases the successor to the
+worker and spends the row of the hop it ran (schema v19: a leased outbox row, written and
+deleted again; from v20 a chain lease on the run's position and no row), nothing marked sent.
 
 Runs plain transitions (a phase that advances: checkpoint, run position, successor row, then
 the successor marked sent) through phasegate's own commit path, ``Store.commit_phase``: the
@@ -163,6 +168,33 @@ async def run_row(connection: asyncpg.Connection, workflow_id: str) -> dict[str,
     return loaded
 
 
+async def continued_hops(store: Store, ids: list[str], phases: int,
+                         admin: asyncpg.Connection) -> dict[str, int]:
+    """``phases`` rounds of continued hops, one commit at a time: each leases its successor
+    to the worker and spends the row the previous hop was given, if any (schema v19; from v20
+    the commit returns no row). Called as the worker's commit is (queries.sql commit_phase),
+    with the spent row's id, which the worker no longer passes."""
+    q = queries()
+    wal = {"commit": 0, "mark_sent": 0, "won": 0}
+    spent: dict[str, int | None] = dict.fromkeys(ids)
+    for seq in range(phases):
+        start = await lsn(admin)
+        for workflow_id in ids:
+            c = plain_commit(workflow_id, seq)
+            assert c.successor is not None
+            row = await store.pool.fetchrow(
+                q["commit_phase"], c.workflow_id, c.branch, c.seq, c.phase, c.schema_version,
+                c.state_json, c.state_hash, c.next_phase, c.status, c.tier, c.tier_label, None,
+                c.worker_id, None, c.successor.dedup_id, c.successor.group_id,
+                c.successor.to_json(), None, None, None, None, None, None, None,
+                "bench-lean", 600.0, spent[workflow_id])
+            assert row is not None and row["committed_at"] is not None
+            spent[workflow_id] = row["outbox_id"]
+            wal["won"] += 1
+        wal["commit"] += await wal_since(admin, start)
+    return wal
+
+
 async def transitions(store: Store, ids: list[str], phases: int, grouped: bool,
                       admin: asyncpg.Connection) -> dict[str, int]:
     """``phases`` rounds: every run commits its next seq, then the round's successors are
@@ -184,7 +216,8 @@ async def transitions(store: Store, ids: list[str], phases: int, grouped: bool,
     return wal
 
 
-async def measure(dsn: str, *, runs: int, phases: int, grouped: bool) -> dict[str, Any]:
+async def measure(dsn: str, *, runs: int, phases: int, grouped: bool,
+                  continued: bool = False) -> dict[str, Any]:
     """``runs`` x ``phases`` plain transitions on the (fresh, migrated) database at ``dsn``."""
     prefix = uuid.uuid4().hex[:8]
     ids = [f"lean-{prefix}-{i:03d}" for i in range(runs)]
@@ -199,7 +232,8 @@ async def measure(dsn: str, *, runs: int, phases: int, grouped: bool) -> dict[st
         before = await stats_reaching(admin, base + runs)
         first = await run_row(admin, ids[0])
         window = await lsn(admin)
-        wal = await transitions(store, ids, phases, grouped, admin)
+        wal = (await continued_hops(store, ids, phases, admin) if continued
+               else await transitions(store, ids, phases, grouped, admin))
         records = await wal_records(admin, window, runs * phases)
         await pool.execute("SELECT pg_stat_force_next_flush()")
         after = await stats_reaching(admin, before["workflow_runs"]["updates"] + runs * phases)
@@ -252,10 +286,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     try:
                         if schema == "before":
                             await migrate_before(dsn)
+                        elif schema.startswith("v"):
+                            await migrate(dsn, target=int(schema[1:]))
                         else:
                             await migrate(dsn)
                         figures = await measure(dsn, runs=args.runs, phases=args.phases,
-                                                grouped=path == "group")
+                                                grouped=path == "group",
+                                                continued=path == "continued")
                     finally:
                         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                     results.append({"schema": schema, "path": path, **figures})
@@ -305,8 +342,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--phases", type=int, default=100)
     parser.add_argument("--schemas", default="before,after",
-                        help="before (the indexes 0017 dropped put back), after (all)")
-    parser.add_argument("--paths", default="single,group")
+                        help="before (the indexes 0017 dropped put back), after (all), "
+                        "vN (migrated up to N)")
+    parser.add_argument("--paths", default="single,group",
+                        help="single, group, continued (local continuation's hops)")
     parser.add_argument("--dsn", help="a server DSN instead of a private cluster (WAL then "
                         "includes other clients' writes)")
     parser.add_argument("--label", default="")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 # Kill points inside the worker (phasegate/faults.py): each worker incarnation is armed with one
 # of these as ``point@N`` and restarted after it fires.
 # ``mid_chain``: local continuation is on (the default) in the fleet, so a worker also dies
-# between a continued phase's commit (its successor leased to it) and the next phase.
+# between a continued phase's commit (the next phase held by its chain lease) and the next phase.
 KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "after_commit",
                "after_send", "mid_chain")
 
