@@ -1,7 +1,7 @@
 """Chain leases (migration 0020) against real PostgreSQL and a real SQS server: a continued
 hop writes no outbox row; its run's position holds the lease; a chain ends in order through
 its holder, or is rescued once its lease has run out, exactly once; any other writer that
-moves the run ends it."""
+moves the run ends it; the roles may do what their process needs and no more."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 from phasegate import chains
 from phasegate.envelope import Envelope, canonical_json, phase_message, start_message, state_hash
 from phasegate.orchestrator.relay import Relay
-from phasegate.store import Lease, PhaseCommit, Store
+from phasegate.store import Lease, PhaseCommit, Store, create_pool
 from tests.helpers import fetch, fetchval, queue_for, store_for
+from tests.integration.test_access import denied, login_user
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -141,3 +142,24 @@ async def test_another_writer_that_moves_the_run_ends_its_chain(database_url):
         assert await position(database_url, "cl-moved") == (5, None, None)
         await expire(database_url, "cl-moved")
         assert await store.expired_chains(10) == []
+
+
+async def test_the_orchestrator_role_rescues_and_cannot_extend(database_url):
+    """The relay runs with the orchestrator's role: it may read expired chains and rescue them
+    (EXECUTE phasegate_end_chain), not hold or extend a chain, nor write positions itself."""
+    async with store_for(database_url) as store:
+        await chained(store, "cl-role")
+    await expire(database_url, "cl-role")
+    async with login_user(database_url, "phasegate_orchestrator") as dsn:
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            orchestrator = Store(pool)
+            [dead] = await orchestrator.expired_chains(10)
+            assert await chains.rescue(orchestrator, dead, Lease("relay-1", 30.0)) is not None
+            async with pool.acquire() as connection:
+                assert await denied(connection, "SELECT phasegate_extend_chains("
+                                    "ARRAY['cl-role'], 'w-1', 60)")
+                assert await denied(connection, "UPDATE run_positions SET chain_holder = 'x'")
+        finally:
+            await pool.close()
+    assert await position(database_url, "cl-role") == (2, None, None)
