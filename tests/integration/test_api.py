@@ -317,10 +317,13 @@ async def test_retry_resumes_a_failed_run_from_its_last_checkpoint(api: Api) -> 
     body = response.json()
     assert body["sent"] is True and body["run"]["status"] == "running"
     assert body["run"]["epoch"] == 1 and body["run"]["error"] is None
-    # The resuming message escapes SQS's dedup window: its id carries the epoch.
+    # The resuming message escapes SQS's dedup window: its id carries the epoch. (The failed
+    # attempt's own message has a row only if it came through SQS; the worker that ran prep
+    # may have run work itself, local continuation, which writes none.)
     dedups = {r["dedup_id"] for r in await fetch(api.dsn, "SELECT dedup_id FROM outbox "
                                                  "WHERE workflow_id = 'f-1' AND seq = 1")}
-    assert dedups == {dedup_id("f-1", "main", 1), dedup_id("f-1", "main", 1, 1)}
+    assert dedup_id("f-1", "main", 1, 1) in dedups
+    assert dedups <= {dedup_id("f-1", "main", 1), dedup_id("f-1", "main", 1, 1)}
     async with running_worker(api.settings, REGISTRY):
         await wait_for(lambda: run_is(api, "f-1", "completed"), what="retried run completed")
     phases = [r["phase"] for r in await fetch(
