@@ -38,7 +38,7 @@ from phasegate.orchestrator.api_models import (
 )
 from phasegate.orchestrator.api_steering import add_steering_routes
 from phasegate.orchestrator.auth import Authenticator, Caller, NoAuth
-from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN, IDEMPOTENCY_KEY_RULE, Control
+from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.gate import OPEN_PATHS, Gate, is_console_path, required_role
 from phasegate.orchestrator.quarantine import MAX_PAGE as QUARANTINE_PAGE
@@ -54,7 +54,9 @@ from phasegate.orchestrator.views import (
 )
 from phasegate.presence import live_workers
 from phasegate.queue import Queue
+from phasegate.signals import IDEMPOTENCY_KEY_PATTERN, IDEMPOTENCY_KEY_RULE
 from phasegate.sql import queries
+from phasegate.waits import SIGNAL_NAME, SIGNAL_NAME_RULE
 
 READY_TIMEOUT_S = 3.0
 DEFAULT_STALL_S = 600.0
@@ -69,9 +71,15 @@ WAIT_POLL_S = (0.1, 1.0)
 MOVING = ("pending", "running", "waiting", "queued")
 # A stall threshold of ten years is "never"; beyond it the interval arithmetic overflows.
 MAX_STALL_S = 10 * 365 * 86400.0
+# GET .../checkpoints?include=state: the one thing a checkpoint page can include.
+INCLUDE_PATTERN = "^state$"
+INCLUDE_RULE = "include is state (each checkpoint's state) or absent"
 # A 422 for one of these patterns says the rule in words ("String should match pattern
 # '^[!-~]{1,200}$'" names the field but leaves the caller to read a regular expression).
-PATTERN_RULES = {IDEMPOTENCY_KEY_PATTERN: IDEMPOTENCY_KEY_RULE}
+# Every pattern a route declares is here (tests/integration/test_api.py checks it).
+PATTERN_RULES = {IDEMPOTENCY_KEY_PATTERN: IDEMPOTENCY_KEY_RULE,
+                 SIGNAL_NAME.pattern: SIGNAL_NAME_RULE,
+                 INCLUDE_PATTERN: INCLUDE_RULE}
 
 
 @dataclass
@@ -177,7 +185,7 @@ def create_app(services: Services) -> FastAPI:
              responses=ERRORS)
     async def checkpoints(
             workflow_id: WorkflowId, caller: CallerDep,
-            include: Annotated[str | None, Query(pattern="^state$")] = None,
+            include: Annotated[str | None, Query(pattern=INCLUDE_PATTERN)] = None,
             after: Annotated[int, Query(ge=0, le=MAX_INT4)] = 0,
             limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     ) -> CheckpointPage:

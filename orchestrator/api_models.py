@@ -11,10 +11,11 @@ from fastapi import Path as Path_
 from pydantic import BaseModel, Field, model_validator
 
 from phasegate.orchestrator.auth import Caller
-from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN
 from phasegate.orchestrator.fleet import Fleet
 from phasegate.orchestrator.views import LiveWorker, MessageAges, Run, SummaryRow
+from phasegate.signals import IDEMPOTENCY_KEY_PATTERN, MAX_KEY_CHARS
 from phasegate.storable import UnstorableValue, check_storable
+from phasegate.waits import SIGNAL_NAME
 
 
 class Storable(BaseModel):
@@ -52,9 +53,9 @@ class ActionRequest(Storable):
 class SignalRequest(Storable):
     payload: Any = Field(default=None, description="Any JSON; the next phase's ctx.signal.")
     idempotency_key: str | None = Field(
-        default=None, min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY_PATTERN,
-        description="1-200 visible ASCII characters. A repeat with the same key changes "
-                    "nothing (also: Idempotency-Key).")
+        default=None, min_length=1, max_length=MAX_KEY_CHARS, pattern=IDEMPOTENCY_KEY_PATTERN,
+        description=f"1-{MAX_KEY_CHARS} visible ASCII characters. A repeat with the same key "
+                    "changes nothing (also: Idempotency-Key).")
 
 
 class SignalResponse(BaseModel):
@@ -117,7 +118,7 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 WorkflowId = Annotated[str, Path_(min_length=1, max_length=200)]
-SignalName = Annotated[str, Path_(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
+SignalName = Annotated[str, Path_(pattern=SIGNAL_NAME.pattern)]
 
 
 def caller_of(request: Request) -> Caller:

@@ -20,7 +20,8 @@ from phasegate.orchestrator.api_models import (
     SignalResponse,
     WorkflowId,
 )
-from phasegate.orchestrator.control import IDEMPOTENCY_KEY_PATTERN, Control, Outcome
+from phasegate.orchestrator.control import Control, Outcome
+from phasegate.signals import IDEMPOTENCY_KEY_PATTERN, MAX_KEY_CHARS
 
 
 def add_steering_routes(app: FastAPI, control: Control) -> None:
@@ -51,10 +52,10 @@ def _decision_route(app: FastAPI, control: Control, name: str) -> None:
                      body: Annotated[ActionRequest | None, Body()] = None,
                      idempotency_key: Annotated[str | None, Header(
                          pattern=IDEMPOTENCY_KEY_PATTERN,
-                         description="1-200 visible ASCII characters. A retry with the "
-                                     "same key gets the first answer (200, the same body, "
-                                     "header Idempotent-Replayed: true) and changes "
-                                     "nothing.")] = None) -> ActionResponse:
+                         description=f"1-{MAX_KEY_CHARS} visible ASCII characters. A "
+                                     "retry with the same key gets the first answer (200, "
+                                     "the same body, header Idempotent-Replayed: true) and "
+                                     "changes nothing.")] = None) -> ActionResponse:
         """A run awaiting review: ``approve`` continues it, ``reject`` re-runs the phase
         under review. Without ``Idempotency-Key``, a repeat is a 409 (the run is no
         longer awaiting review)."""
@@ -79,10 +80,11 @@ def _signal_route(app: FastAPI, control: Control) -> None:
     async def signal(workflow_id: WorkflowId, name: SignalName, caller: CallerDep,
                      body: Annotated[SignalRequest | None, Body()] = None,
                      idempotency_key: Annotated[str | None, Header(
-                         min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY_PATTERN,
-                         description="1-200 visible ASCII characters. A repeat with the "
-                                     "same key changes nothing (also: the body's "
-                                     "idempotency_key, which wins).")] = None,
+                         min_length=1, max_length=MAX_KEY_CHARS,
+                         pattern=IDEMPOTENCY_KEY_PATTERN,
+                         description=f"1-{MAX_KEY_CHARS} visible ASCII characters. A "
+                                     "repeat with the same key changes nothing (also: the "
+                                     "body's idempotency_key, which wins).")] = None,
                      ) -> SignalResponse:
         """Wakes the run if it waits for ``name`` (``ctx.wait_for_signal``); otherwise the
         signal is kept until a wait for its name, or until the run ends. 404: no such run;

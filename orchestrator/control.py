@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +34,12 @@ from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
 from phasegate.signals import (
     ACTIONS,
-    MAX_KEY_CHARS,
     NotUnderReview,
     RunFinished,
     RunNotFound,
     SignalError,
     SignalResult,
+    check_idempotency_key,
     send_decision,
     send_signal,
 )
@@ -55,23 +54,19 @@ CANCELLABLE = ("pending", "running", "awaiting_review", "failed", "needs_restart
 # A run that changes under an action this many times in a row is reported as a conflict.
 MAX_RACES = 5
 REASON_LIMIT = 1000
-# An idempotency key of a review decision or a signal, as the API and the CLI take it: visible
-# ASCII, what an HTTP header carries unchanged through proxies (no control character, no
-# newline), and no longer than the signals table's key column that both share.
-IDEMPOTENCY_KEY_PATTERN = rf"^[!-~]{{1,{MAX_KEY_CHARS}}}$"
-IDEMPOTENCY_KEY_RULE = (f"an idempotency key is 1-{MAX_KEY_CHARS} visible ASCII characters "
-                        "(no spaces)")
 # A retry that finds its key's decision still finishing (the first request has not kept its
 # answer yet) waits this long for that answer, then answers from the run as it is now.
 REPLAY_WAIT_S = 5.0
 REPLAY_POLL_S = 0.05
 
 
-def check_idempotency_key(key: str | None) -> None:
-    """Refuse (422) a key outside ``IDEMPOTENCY_KEY_PATTERN``; the API's routes refuse it
-    before they get here, so this guards the CLI's path to the database."""
-    if key is not None and re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key) is None:
-        raise Invalid(IDEMPOTENCY_KEY_RULE)
+def check_decision_key(key: str | None) -> None:
+    """Refuse (422) a decision's key outside the rule (phasegate/signals.py) before it is
+    looked up; the API's routes refuse it before they get here, the CLI's path does not."""
+    try:
+        check_idempotency_key(key)
+    except SignalError as exc:
+        raise Invalid(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -258,7 +253,7 @@ class Control:
     async def _decide(self, rule: Rule, workflow_id: str, reason: str | None,
                       key: str | None = None) -> Outcome:
         """approve/reject: the review's decision signal (phasegate/signals.py)."""
-        check_idempotency_key(key)
+        check_decision_key(key)
         for _ in range(MAX_RACES):
             run = await self.views.get_run(workflow_id)
             if run.status not in rule.allowed:
@@ -341,8 +336,8 @@ class Control:
 
     async def signal(self, workflow_id: str, name: str, payload: Any,
                      idempotency_key: str | None = None) -> SignalResult:
-        """Send signal ``name`` to the run; a woken run's message is sent at once."""
-        check_idempotency_key(idempotency_key)
+        """Send signal ``name`` to the run; a woken run's message is sent at once. A bad
+        name, key or payload is ``Invalid`` (send_signal's rules)."""
         try:
             result = await send_signal(self.pool, workflow_id, name, payload,
                                        idempotency_key=idempotency_key, queue=self.queue,

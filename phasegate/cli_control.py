@@ -25,6 +25,7 @@ from phasegate.orchestrator.backends import (
     BackendError,
     DatabaseBackend,
 )
+from phasegate.signals import MAX_KEY_CHARS
 
 API_OPTION = click.option(
     "--api", "api_url", envvar="PHASEGATE_API_URL",
@@ -220,9 +221,9 @@ def _action_command(action: str, help_text: str) -> click.Command:
     if action in DECISIONS:  # a review decision is made once per key; a retry gets its answer
         command = click.option(
             "--idempotency-key",
-            help="1-200 visible ASCII characters. A retry with the same key prints the first "
-                 "answer and changes nothing (without one, a retry is refused: the run is no "
-                 "longer awaiting review).")(command)
+            help=f"1-{MAX_KEY_CHARS} visible ASCII characters. A retry with the same key "
+                 "prints the first answer and changes nothing (without one, a retry is "
+                 "refused: the run is no longer awaiting review).")(command)
     return command
 
 
@@ -368,8 +369,8 @@ def list_runs(api_url: str | None, status: str | None, workflow: str | None,
 @click.argument("name")
 @click.option("--payload", default="null", show_default=True,
               help="The signal's payload as JSON (the next phase's ctx.signal).")
-@click.option("--idempotency-key", help="1-200 visible ASCII characters. A repeat with "
-              "the same key changes nothing.")
+@click.option("--idempotency-key", help=f"1-{MAX_KEY_CHARS} visible ASCII characters. A "
+              "repeat with the same key changes nothing.")
 def signal(api_url: str | None, workflow_id: str, name: str, payload: str,
            idempotency_key: str | None) -> None:
     """Send signal NAME to a run: it wakes the run if it waits for NAME

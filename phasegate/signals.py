@@ -19,6 +19,7 @@ review the run is in, so a run not awaiting review refuses it (409).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,15 @@ from phasegate.storable import check_storable
 from phasegate.waits import check_signal_name
 
 FINISHED = ("completed", "failed", "cancelled")
+# An idempotency key of a signal or a review decision, however it arrives (this module's
+# callers, the API's header and body, the CLI): visible ASCII, what an HTTP header carries
+# unchanged through proxies (no control character, no newline), and no longer than the
+# signals table's key column that both share. The API's 422 and this module's SignalError
+# state the same rule in words.
 MAX_KEY_CHARS = 200
+IDEMPOTENCY_KEY_PATTERN = rf"^[!-~]{{1,{MAX_KEY_CHARS}}}$"
+IDEMPOTENCY_KEY_RULE = (f"an idempotency key is 1-{MAX_KEY_CHARS} visible ASCII characters "
+                        "(no spaces)")
 # The review decisions, by the action that sends them (waits.RESERVED_PREFIX).
 DECISIONS = {"approve": "phasegate.approve", "reject": "phasegate.reject"}
 ACTIONS = {name: action for action, name in DECISIONS.items()}
@@ -55,6 +64,12 @@ class NotUnderReview(SignalError):
     """A review decision for a run that is not (or no longer) awaiting review."""
 
     status_code = 409
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """Refuse (``SignalError``, 422) a key outside ``IDEMPOTENCY_KEY_PATTERN``."""
+    if key is not None and re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key) is None:
+        raise SignalError(IDEMPOTENCY_KEY_RULE)
 
 
 @dataclass(frozen=True)
@@ -83,8 +98,7 @@ async def send_signal(pool: asyncpg.Pool, workflow_id: str, name: str, payload: 
         check_signal_name(name)
     except ValueError as exc:
         raise SignalError(str(exc)) from None
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
-        raise SignalError(f"an idempotency key must be 1-{MAX_KEY_CHARS} characters")
+    check_idempotency_key(idempotency_key)
     try:
         check_storable(payload, where="payload")
         body = canonical_json(payload)
@@ -103,8 +117,7 @@ async def send_decision(pool: asyncpg.Pool, workflow_id: str, action: str,
     the first decision (``duplicate``) and changes nothing."""
     if action not in DECISIONS:
         raise SignalError(f"a review decision is one of {sorted(DECISIONS)}, not {action!r}")
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
-        raise SignalError(f"an idempotency key must be 1-{MAX_KEY_CHARS} characters")
+    check_idempotency_key(idempotency_key)
     try:
         check_storable(reason, where="reason")
     except (ValueError, TypeError) as exc:

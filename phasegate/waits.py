@@ -18,8 +18,12 @@ from typing import Any
 # How far ahead a wait may reach. Longer waits are better modelled as a schedule; the bound
 # also keeps a typo (seconds for milliseconds) from parking a run for decades.
 MAX_WAIT_S = 365 * 86400.0
-# Signal names travel in URL paths and CLI arguments: the same alphabet as phase names.
-SIGNAL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# Signal names travel in URL paths and CLI arguments: the same alphabet as phase names. The
+# API's 422 for a path's name and WaitError state the same rule in words.
+MAX_SIGNAL_NAME_CHARS = 100
+SIGNAL_NAME = re.compile(rf"^[A-Za-z0-9_.-]{{1,{MAX_SIGNAL_NAME_CHARS}}}$")
+SIGNAL_NAME_RULE = (f"a signal name is 1-{MAX_SIGNAL_NAME_CHARS} characters, each an ASCII "
+                    "letter, a digit, '_', '.' or '-'")
 # Names the control plane sends for review decisions (phasegate.approve, phasegate.reject:
 # phasegate/signals.py send_decision). User code can neither wait for nor send them.
 RESERVED_PREFIX = "phasegate."
@@ -69,8 +73,9 @@ def signal_wait(name: str, timeout_s: float) -> Wait:
 
 
 def check_signal_name(name: object) -> str:
-    if not isinstance(name, str) or not SIGNAL_NAME.match(name):
-        raise WaitError("a signal name must be 1-100 chars of [A-Za-z0-9_.-]")
+    # fullmatch: match's "$" also matches before a final newline, which the API refuses.
+    if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+        raise WaitError(SIGNAL_NAME_RULE)
     if name.startswith(RESERVED_PREFIX):
         raise WaitError(f"signal names starting with {RESERVED_PREFIX!r} are reserved (review "
                         "decisions: phasegate approve|reject, POST .../approve|reject)")

@@ -17,7 +17,7 @@ import pytest
 
 from phasegate import Context, NonRetryableError, Workflow
 from phasegate.envelope import dedup_id
-from phasegate.orchestrator.api import Services, create_app
+from phasegate.orchestrator.api import INCLUDE_RULE, PATTERN_RULES, Services, create_app
 from phasegate.orchestrator.auth import TokenFile
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
@@ -209,6 +209,32 @@ async def test_unknown_ids_are_404(api: Api) -> None:
         response = await api.client.request(method, path)
         assert response.status_code == 404, (path, response.text)
         assert "missing" in response.json()["detail"]
+
+
+async def test_a_bad_include_is_422_stating_the_rule(api: Api) -> None:
+    response = await api.client.get("/v1/workflows/missing/checkpoints",
+                                    params={"include": "all"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == [{"loc": ["query", "include"], "msg": INCLUDE_RULE,
+                                          "type": "string_pattern_mismatch"}]
+
+
+def declared_patterns(node: Any) -> set[str]:
+    """Every ``pattern`` in an OpenAPI document: parameters' and bodies' fields alike."""
+    if isinstance(node, dict):
+        own = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+        return own.union(*(declared_patterns(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(declared_patterns(value) for value in node))
+    return set()
+
+
+async def test_every_pattern_a_route_declares_has_its_rule_in_words(api: Api) -> None:
+    """A 422 for a pattern never leaves the caller to read a regular expression: a route
+    that declares a new one fails here until PATTERN_RULES words it."""
+    spec = (await api.client.get("/openapi.json")).json()
+    patterns = declared_patterns(spec["paths"]) | declared_patterns(spec["components"])
+    assert patterns and patterns <= PATTERN_RULES.keys(), patterns - PATTERN_RULES.keys()
 
 
 async def insert_runs(dsn: str, rows: list[tuple[str, str, str, str | None, int]]) -> None:

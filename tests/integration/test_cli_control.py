@@ -219,7 +219,8 @@ def test_commands_through_the_api(cli: Any, settings: Settings) -> None:
         assert sorted(two_bad.stderr.splitlines()) == [
             "phasegate: body.idempotency_key: an idempotency key is 1-200 visible ASCII "
             "characters (no spaces)",
-            "phasegate: path.name: String should match pattern '^[A-Za-z0-9_.-]{1,100}$'"]
+            "phasegate: path.name: a signal name is 1-100 characters, each an ASCII letter, "
+            "a digit, '_', '.' or '-'"]
         long_name = cli("start", "w" * 201, "--api", url)
         assert long_name.exit_code == 2
         assert long_name.stderr == \

@@ -16,11 +16,13 @@ import pytest
 import phasegate
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.auth import TokenFile
-from phasegate.orchestrator.control import IDEMPOTENCY_KEY_RULE, Control
+from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
 from phasegate.orchestrator.relay import Relay
 from phasegate.settings import Settings
+from phasegate.signals import IDEMPOTENCY_KEY_RULE, SignalError, send_decision
 from phasegate.store import Store, create_pool
+from phasegate.waits import SIGNAL_NAME_RULE
 from phasegate.workflow import Registry
 from tests import workflows
 from tests.helpers import (
@@ -228,6 +230,63 @@ async def test_a_bad_idempotency_key_is_422_naming_the_field_and_stores_nothing(
                               json={"idempotency_key": longest} if where == "body" else {},
                               headers={"Idempotency-Key": longest} if where == "header" else {})
     assert taken.status_code == 200, taken.text
+
+
+@pytest.mark.parametrize("name", ["bad name", "n" * 101, "caf\u00e9"])
+async def test_a_bad_signal_name_is_422_stating_the_rule(client: httpx.AsyncClient,
+                                                        name: str) -> None:
+    """The path's name is refused with the rule in words, not the pattern that encodes it."""
+    response = await client.post(f"/v1/workflows/missing/signals/{name}", json={})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == [{"loc": ["path", "name"], "msg": SIGNAL_NAME_RULE,
+                                          "type": "string_pattern_mismatch"}]
+
+
+@pytest.mark.parametrize("name", ["bad name", "n" * 101, "trailing\n"])
+async def test_send_signal_refuses_a_name_the_api_refuses(settings: Settings,
+                                                           name: str) -> None:
+    pool = await create_pool(settings.database_url or "", min_size=1, max_size=1)
+    try:
+        with pytest.raises(SignalError) as refused:
+            await phasegate.send_signal(pool, "missing", name)
+    finally:
+        await pool.close()
+    assert refused.value.status_code == 422 and str(refused.value) == SIGNAL_NAME_RULE
+
+
+BAD_KEYS = ["", "k" * 201, "two words", "tab\there", "line\nbreak", "trailing\n", "caf\u00e9"]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+async def test_send_signal_and_send_decision_refuse_a_key_the_api_refuses(
+        client: httpx.AsyncClient, settings: Settings, key: str) -> None:
+    """Python callers with a database connection are held to the API's rule: a SignalError
+    (422) stating it, and nothing written, where a key of the right length used to be kept."""
+    dsn = settings.database_url or ""
+    await start(client, "sig-9", timeout_s=3600)
+    await fetch(dsn, "INSERT INTO workflow_runs (workflow_id, workflow, schema_version, status, "
+                "next_seq, current_phase) VALUES ('sig-10', 'signalled', 1, 'awaiting_review', "
+                "1, 'act')")
+    pool = await create_pool(dsn, min_size=1, max_size=2)
+    try:
+        with pytest.raises(SignalError) as signal_refused:
+            await phasegate.send_signal(pool, "sig-9", "approval", 1, idempotency_key=key)
+        with pytest.raises(SignalError) as decision_refused:
+            await send_decision(pool, "sig-10", "approve", "ok", idempotency_key=key)
+        for refused in (signal_refused.value, decision_refused.value):
+            assert type(refused) is SignalError and refused.status_code == 422
+            assert str(refused) == IDEMPOTENCY_KEY_RULE
+        assert await fetchval(dsn, "SELECT count(*) FROM signals") == 0
+        assert await fetchval(dsn, "SELECT count(*) FROM control_actions") == 0
+        assert await fetchval(dsn, "SELECT status FROM workflow_runs "
+                              "WHERE workflow_id = 'sig-10'") == "awaiting_review"
+        # The longest key allowed, of every visible ASCII character class, is taken by both.
+        longest = ("Az09-_.:/+=~!" * 16)[:200]
+        kept = await phasegate.send_signal(pool, "sig-9", "approval", 1, idempotency_key=longest)
+        decided = await send_decision(pool, "sig-10", "approve", "ok", idempotency_key=longest)
+        assert not kept.duplicate and decided.delivered
+    finally:
+        await pool.close()
 
 
 async def test_a_viewer_may_not_signal(client: httpx.AsyncClient) -> None:
