@@ -110,13 +110,13 @@ def parse_tokens(text: str) -> list[TokenEntry]:
         if len(fields) != 3:
             raise ValueError(f"line {number}: expected 'NAME ROLE[,ROLE...] SHA256HEX'")
         name, roles_text, hex_digest = fields
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"line {number}: a name is 1-64 chars of [A-Za-z0-9_.:@-]")
         roles = frozenset(roles_text.split(","))
-        if not all(ROLE_PATTERN.match(r) for r in roles):
+        if not all(ROLE_PATTERN.fullmatch(r) for r in roles):
             raise ValueError(f"line {number}: roles are 1-64 chars of [A-Za-z0-9_.:-], "
                              "separated by commas")
-        if not HEX_PATTERN.match(hex_digest):
+        if not HEX_PATTERN.fullmatch(hex_digest):
             raise ValueError(f"line {number}: the third field must be the sha256 of the token "
                              "as 64 lowercase hex digits (phasegate token new prints it)")
         if name in names:

@@ -25,9 +25,9 @@ def token() -> None:
 def new(name: str, roles: tuple[str, ...]) -> None:
     """Print a new random token for NAME and the tokens-file line to add."""
     wanted = sorted({part for role in roles for part in role.split(",") if part})
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise click.UsageError("NAME is 1-64 chars of [A-Za-z0-9_.:@-]")
-    if not wanted or not all(ROLE_PATTERN.match(r) for r in wanted):
+    if not wanted or not all(ROLE_PATTERN.fullmatch(r) for r in wanted):
         raise click.UsageError("a role is 1-64 chars of [A-Za-z0-9_.:-]")
     if not any(r in LEVELS for r in wanted):
         raise click.UsageError(f"give at least one API role: {', '.join(LEVELS)}")

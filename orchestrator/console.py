@@ -162,7 +162,7 @@ def mount_console(app: FastAPI, services: Services) -> None:
                           error="this login form was posted from another site")
         try:
             caller = await services.auth.authenticate(token) \
-                if TOKEN_PATTERN.match(token) else None
+                if TOKEN_PATTERN.fullmatch(token) else None
         except AuthUnavailable as exc:
             return render(request, "login.html", 503, next=target, error=str(exc))
         if caller is None:

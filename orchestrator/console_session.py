@@ -34,7 +34,7 @@ _PROCESS_KEY = secrets.token_bytes(32)
 
 def session_token(request: Request) -> str | None:
     value = request.cookies.get(COOKIE)
-    return value if value and TOKEN_PATTERN.match(value) else None
+    return value if value and TOKEN_PATTERN.fullmatch(value) else None
 
 
 def csrf_for(token: str | None) -> str:

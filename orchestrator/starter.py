@@ -50,7 +50,7 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
     except ResidencyError as exc:
         raise StartError(str(exc)) from None
     workflow_id = workflow_id or new_workflow_id()
-    if not WORKFLOW_ID_PATTERN.match(workflow_id):
+    if not WORKFLOW_ID_PATTERN.fullmatch(workflow_id):
         raise StartError("workflow id must be 1-100 chars of [A-Za-z0-9_.:-] and opaque "
                          "(SQS does not encrypt ids)")
     try:

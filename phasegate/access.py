@@ -77,7 +77,7 @@ def parse_policy(text: str) -> ReadPolicy:
         if key != ANY and (key.count(".") < 1 or not all(key.rpartition(".")[::2])):
             raise ValueError(f"key {key!r} must be 'workflow.phase', 'workflow.*' or '*'")
         if not isinstance(roles, list) or not all(
-                isinstance(r, str) and (r == ANY or ROLE_PATTERN.match(r)) for r in roles):
+                isinstance(r, str) and (r == ANY or ROLE_PATTERN.fullmatch(r)) for r in roles):
             raise ValueError(f"the roles of {key!r} must be a list of role names "
                              "([A-Za-z0-9_.:-], or '*' for any)")
         rules[key] = frozenset(roles)
@@ -99,7 +99,7 @@ def parse_service_accounts(text: str) -> dict[str, frozenset[str]]:
         if not isinstance(key, str) or key.count(":") != 1 or not all(key.split(":")):
             raise ValueError(f"key {key!r} must be 'namespace:serviceaccount'")
         if not isinstance(roles, list) or not roles or not all(
-                isinstance(r, str) and ROLE_PATTERN.match(r) for r in roles):
+                isinstance(r, str) and ROLE_PATTERN.fullmatch(r) for r in roles):
             raise ValueError(f"the roles of {key!r} must be a non-empty list of role names")
         accounts[key] = frozenset(roles)
     return accounts
@@ -110,7 +110,7 @@ def policy_from(text: str | None) -> ReadPolicy | None:
 
 
 def check_role(role: str | None) -> str | None:
-    if role is not None and not ROLE_PATTERN.match(role):
+    if role is not None and not ROLE_PATTERN.fullmatch(role):
         raise AccessDenied("a role is 1-64 chars of [A-Za-z0-9_.:-]")
     return role
 

@@ -227,7 +227,7 @@ def plan_fork(workflow: Workflow | None, phase: str, seq: int, branch: str,
     prefix = "" if branch == MAIN_BRANCH else f"{branch}."
     for key, value in named:
         name = f"{prefix}f{seq}.{key}"
-        if not isinstance(key, str) or not BRANCH_PATTERN.match(name) or name == MAIN_BRANCH:
+        if not isinstance(key, str) or not BRANCH_PATTERN.fullmatch(name) or name == MAIN_BRANCH:
             raise ForkError(f"branch name {name!r} must be 1-26 chars of [A-Za-z0-9_.-] "
                             "(a nested branch's name starts with its parent's)")
         try:

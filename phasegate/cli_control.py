@@ -172,7 +172,7 @@ def inspect(api_url: str | None, workflow_id: str, include_state: bool, as_json:
 
     as_json = as_json or output == "json"
 
-    if role is not None and not ROLE_PATTERN.match(role):
+    if role is not None and not ROLE_PATTERN.fullmatch(role):
         click.echo("phasegate: --role must be 1-64 chars of [A-Za-z0-9_.:-]", err=True)
         raise SystemExit(2)
     backend = _backend(api_url, role=role)

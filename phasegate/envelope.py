@@ -62,14 +62,14 @@ class Envelope(BaseModel):
     @field_validator("workflow_id")
     @classmethod
     def _opaque_id(cls, value: str) -> str:
-        if not WORKFLOW_ID_PATTERN.match(value):
+        if not WORKFLOW_ID_PATTERN.fullmatch(value):
             raise ValueError("workflow_id must be 1-100 chars of [A-Za-z0-9_.:-]")
         return value
 
     @field_validator("branch")
     @classmethod
     def _branch(cls, value: str) -> str:
-        if not BRANCH_PATTERN.match(value):
+        if not BRANCH_PATTERN.fullmatch(value):
             raise ValueError("branch must be 1-26 chars of [A-Za-z0-9_.-]")
         return value
 

@@ -96,7 +96,7 @@ def _safe_value(value: Any) -> bool:
         return False
     if isinstance(value, int):
         return True
-    return isinstance(value, str) and bool(_SAFE_TEXT.match(value))
+    return isinstance(value, str) and bool(_SAFE_TEXT.fullmatch(value))
 
 
 def dlq_body(body: str, reason_code: str) -> str:

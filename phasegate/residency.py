@@ -82,7 +82,7 @@ def residency(classification: str | None = None, region: str | None = None) -> R
                              f"not {classification!r}")
     if region == DEFAULT_REGION:
         region = None
-    if region is not None and not REGION_PATTERN.match(region):
+    if region is not None and not REGION_PATTERN.fullmatch(region):
         raise ResidencyError("region must be 1-32 chars of [a-z0-9-], starting with a letter")
     if classification in REGIONAL and region is None:
         raise ResidencyError(f"a {classification} run needs a region (a store named in "
@@ -100,7 +100,7 @@ def parse_stores(text: str) -> dict[str, str]:
     if not isinstance(raw, dict) or not raw:
         raise ValueError("must be a non-empty JSON object of region -> PostgreSQL DSN")
     for region, dsn in raw.items():
-        if region != DEFAULT_REGION and not REGION_PATTERN.match(region):
+        if region != DEFAULT_REGION and not REGION_PATTERN.fullmatch(region):
             raise ValueError(f"region {region!r} must be 1-32 chars of [a-z0-9-] starting "
                              "with a letter")
         if not isinstance(dsn, str) or not dsn.startswith(("postgres://", "postgresql://")):

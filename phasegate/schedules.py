@@ -105,11 +105,11 @@ def parse_schedules(text: str | None) -> list[Schedule]:
         if unknown:
             raise ScheduleError(f"schedule {number} has unknown fields {unknown}")
         workflow = item.get("workflow")
-        if not isinstance(workflow, str) or not _NAME.match(workflow):
+        if not isinstance(workflow, str) or not _NAME.fullmatch(workflow):
             raise ScheduleError(f"schedule {number} needs a workflow name "
                                 "(1-100 chars of [A-Za-z0-9_.-])")
         name = item.get("name", workflow)
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ScheduleError(f"schedule {number}: name must be 1-100 chars of "
                                 "[A-Za-z0-9_.-]")
         try:

@@ -61,7 +61,7 @@ class Workflow:
         with ``rate=(N, seconds)``: at most N runs per key are admitted in any such window.
         ``schedule``: a cron expression (UTC); the orchestrator starts one run per tick with
         ``schedule_input`` (docs/how-to/schedules.md)."""
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
         if schema_version < 1:
@@ -92,7 +92,7 @@ class Workflow:
         ``max_tier_retries`` more attempts, then escalate), ``"escalate"`` (awaiting_review) or
         ``"advance"`` says what happens when the phase ends below that tier. ``timeout_s``
         bounds one attempt (0: no limit; default: ``PHASEGATE_PHASE_TIMEOUT_S``)."""
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise WorkflowDefinitionError(
                 f"phase name {name!r} must be 1-100 chars of [A-Za-z0-9_.-]")
         if name in self._phases:

@@ -50,7 +50,7 @@ def parse(message: Received, *, max_message_bytes: int, registry: Registry,
         kinds = sorted({e["type"] for e in exc.errors()})
         wid = raw.get("workflow_id") if isinstance(raw, dict) else None
         return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                      wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.match(wid)
+                      wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.fullmatch(wid)
                       else None)
     workflow = registry.get(envelope.workflow)
     if workflow is None:
