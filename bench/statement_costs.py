@@ -1,0 +1,184 @@
+"""What one statement costs, apart from phasegate: the driver's side and the server's side.
+
+    python -m bench.statement_costs [--calls 3000] [--rounds 2]
+
+Two measurements on a private cluster (bench/common.py), each against its own fresh database:
+
+- **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
+  one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
+  one round trip) and without it (phasegate's pooler-safe default: Parse + Describe, then
+  Bind + Execute, two round trips). Client CPU (``time.process_time``) and wall time per call.
+- **server**: statements run inside the server by a ``DO`` block, each in its own transaction
+  (``synchronous_commit = off``, so no flush wait): the floor's one-row INSERT; phasegate's
+  commit function on a continued hop; an ``UPDATE workflow_runs`` that moves only
+  ``next_seq`` (HOT); the same update on a copy of ``workflow_runs`` with every index and on a
+  copy with only the primary key; the same update on ``run_positions``. Wall time per
+  statement, with nothing between the statements: the server's own cost of each.
+
+Results: bench/results/statement-costs-<time>.json, and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from bench.common import ROOT, PrivateCluster, machine, with_database
+from phasegate.migrate import migrate
+
+RUNS = 16
+STATE = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+
+# Each body runs RUNS x phases times, $w the run (0..RUNS-1), $s the phase, then COMMIT.
+SERVER_STATEMENTS = {
+    "floor INSERT (one row, primary key)":
+        f"INSERT INTO bench_floor VALUES ('r' || w, s, '{STATE}')",
+    "phasegate_commit_phase, a continued hop (chain lease)":
+        f"PERFORM * FROM phasegate_commit_phase('r' || w, 'main', s, 'p' || s, 1, '{STATE}', "
+        "'h', 'p' || (s + 1), 'running', NULL, NULL, NULL, 'w1', NULL, 'd' || w || '-' || s, "
+        "'g', '{\"v\":1}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'w1', 600, NULL)",
+    "UPDATE workflow_runs SET next_seq (HOT, ten indexes, triggers on)":
+        "UPDATE workflow_runs SET next_seq = s + 1, updated_at = now() "
+        "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
+    "the same UPDATE on a copy with every index, no trigger":
+        "UPDATE runs_indexed SET next_seq = s + 1, updated_at = now() "
+        "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
+    "the same UPDATE on a copy with only the primary key":
+        "UPDATE runs_bare SET next_seq = s + 1, updated_at = now() "
+        "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
+    "UPDATE run_positions SET next_seq (HOT, primary key only)":
+        "UPDATE run_positions SET next_seq = s + 1, updated_at = now() "
+        "WHERE workflow_id = 'r' || w",
+}
+
+SETUP = f"""
+CREATE TABLE bench_floor (workflow_id text, seq integer, state jsonb,
+                          PRIMARY KEY (workflow_id, seq));
+INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, current_phase,
+                           schema_version, input)
+SELECT 'r' || w, 'wf', 'running', 0, 'p0', 1, '{{}}' FROM generate_series(0, {RUNS - 1}) w;
+CREATE TABLE runs_indexed (LIKE workflow_runs INCLUDING ALL) WITH (fillfactor = 70);
+INSERT INTO runs_indexed SELECT * FROM workflow_runs;
+CREATE TABLE runs_bare (LIKE workflow_runs INCLUDING DEFAULTS) WITH (fillfactor = 70);
+ALTER TABLE runs_bare ADD PRIMARY KEY (workflow_id);
+INSERT INTO runs_bare SELECT * FROM workflow_runs;
+"""
+
+
+async def fresh_database(server: str) -> str:
+    admin = await asyncpg.connect(server)
+    try:
+        name = f"stmt_{uuid.uuid4().hex[:10]}"
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = with_database(server, name)
+    await migrate(dsn)
+    return dsn
+
+
+async def driver(dsn: str, calls: int) -> dict[str, dict[str, float]]:
+    """Per call: client CPU and wall time, µs, with and without asyncpg's statement cache."""
+    found = {}
+    for label, cache in (("statement cache (one round trip)", 100),
+                         ("no statement cache (two round trips)", 0)):
+        connection = await asyncpg.connect(dsn, statement_cache_size=cache)
+        try:
+            for _ in range(200):  # warm-up
+                await connection.fetchval("SELECT length($1::text)", STATE)
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                await connection.fetchval("SELECT length($1::text)", STATE)
+            found[label] = {"client_cpu_us": (time.process_time() - cpu) / calls * 1e6,
+                            "wall_us": (time.perf_counter() - wall) / calls * 1e6}
+        finally:
+            await connection.close()
+    return found
+
+
+async def server(dsn: str, phases: int) -> dict[str, float]:
+    """Per statement, µs of wall time inside the server (each in its own transaction)."""
+    setup = await asyncpg.connect(dsn)
+    try:
+        await setup.execute(SETUP)
+    finally:
+        await setup.close()
+    found = {}
+    for label, body in SERVER_STATEMENTS.items():
+        connection = await asyncpg.connect(dsn)
+        try:
+            # Every run back at seq 0 (the commit function's loop moved them): each update's
+            # condition then holds on every call. The commit function runs first, on a fresh
+            # database, so its checkpoints are new too.
+            await connection.execute("UPDATE workflow_runs SET next_seq = 0, "
+                                     "updated_at = now()")
+            await connection.execute("SET synchronous_commit = off")
+            block = (f"DO $$ DECLARE s integer; w integer; BEGIN "
+                     f"FOR s IN 0..{phases - 1} LOOP FOR w IN 0..{RUNS - 1} LOOP "
+                     f"{body}; COMMIT; END LOOP; END LOOP; END $$")
+            started = time.perf_counter()
+            await connection.execute(block)
+            found[label] = (time.perf_counter() - started) / (phases * RUNS) * 1e6
+        finally:
+            await connection.close()
+    return found
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = PrivateCluster().start()
+    rounds: list[dict[str, Any]] = []
+    try:
+        for _ in range(args.rounds):
+            dsn = await fresh_database(cluster.dsn)
+            rounds.append({"driver": await driver(dsn, args.calls),
+                           "server": await server(dsn, args.phases)})
+    finally:
+        cluster.stop()
+    driver_med = {label: {k: statistics.median(r["driver"][label][k] for r in rounds)
+                          for k in ("client_cpu_us", "wall_us")}
+                  for label in rounds[0]["driver"]}
+    server_med = {label: statistics.median(r["server"][label] for r in rounds)
+                  for label in SERVER_STATEMENTS}
+    return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
+            "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
+            "rounds": rounds, "driver": driver_med, "server": server_med}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| one `SELECT length($1::text)` through asyncpg | client CPU (µs) | wall (µs) |",
+             "|---|---:|---:|"]
+    lines += [f"| {label} | {v['client_cpu_us']:.0f} | {v['wall_us']:.0f} |"
+              for label, v in report["driver"].items()]
+    lines += ["", "| statement, inside the server, each in its own transaction | µs |",
+              "|---|---:|"]
+    lines += [f"| {label} | {us:.0f} |" for label, us in report["server"].items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--phases", type=int, default=250)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    report = asyncio.run(bench(args))
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    path = out / f"statement-costs-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+    print(f"\nresults: {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
