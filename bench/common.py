@@ -57,6 +57,16 @@ CREATE TABLE bench_invocations (
 """
 
 
+def write_results(kind: str, report: dict[str, Any], label: str = "") -> Path:
+    """``report`` as bench/results/<kind>-<its "when", compact>[-<label>].json; the path."""
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = str(report["when"])[:19].replace(":", "").replace("-", "")
+    path = out / f"{kind}-{stamp}{'-' + label if label else ''}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def with_database(dsn: str, name: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import ROOT, PrivateCluster, machine, with_database
+from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
 from bench.workload import PAYLOAD
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.migrate import migrate
@@ -351,11 +351,7 @@ def main() -> None:
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     report = asyncio.run(bench(args))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = report["when"][:19].replace(":", "").replace("-", "")
-    path = out / f"lean-commit-{stamp}{'-' + args.label if args.label else ''}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_results("lean-commit", report, args.label)
     print(markdown(report))
     print(f"\nresults: {path.relative_to(ROOT)}")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import ROOT, PrivateCluster, machine, with_database
+from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
 from phasegate.migrate import migrate
 
 RUNS = 16
@@ -171,11 +170,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     report = asyncio.run(bench(args))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    path = out / f"statement-costs-{stamp}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_results("statement-costs", report)
     print(markdown(report))
     print(f"\nresults: {path.relative_to(ROOT)}")
 

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +16,9 @@ from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.auth import TokenFile
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.fleet import FleetView
-from phasegate.orchestrator.relay import Relay
 from phasegate.settings import Settings
 from phasegate.signals import IDEMPOTENCY_KEY_RULE, SignalError, send_decision
-from phasegate.store import Store, create_pool
+from phasegate.store import create_pool
 from phasegate.waits import SIGNAL_NAME_RULE
 from phasegate.workflow import Registry
 from tests import workflows
@@ -31,6 +28,7 @@ from tests.helpers import (
     fetch,
     fetchval,
     queue_for,
+    running_relay,
     running_worker,
     wait_for,
     write_tokens,
@@ -55,23 +53,6 @@ async def client(settings: Settings, tmp_path: Path) -> AsyncIterator[httpx.Asyn
                                          headers=bearer(tokens["op"])) as client:
                 client.headers["X-Viewer"] = tokens["look"]  # for the role test below
                 yield client
-    finally:
-        await pool.close()
-
-
-@asynccontextmanager
-async def running_relay(settings: Settings) -> AsyncIterator[Relay]:
-    pool = await create_pool(settings.database_url or "", min_size=1, max_size=2)
-    try:
-        async with queue_for(settings) as queue:
-            relay = Relay(store=Store(pool), queue=queue, after_s=settings.relay_after_s,
-                          interval_s=0.1)
-            task = asyncio.create_task(relay.run())
-            try:
-                yield relay
-            finally:
-                relay.stop()
-                await asyncio.wait_for(task, timeout=30)
     finally:
         await pool.close()
 
