@@ -1,19 +1,27 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
-    python -m bench.statement_costs [--calls 3000] [--rounds 2]
+    python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
 
-Two measurements on a private cluster (bench/common.py), each against its own fresh database:
+Three measurements on a private cluster (bench/common.py), each against its own fresh database:
 
 - **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
   one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
   one round trip) and without it (phasegate's pooler-safe default: Parse + Describe, then
   Bind + Execute, two round trips). Client CPU (``time.process_time``) and wall time per call.
+  The same statement without the cache through a pool as phasegate makes it, acquired and
+  released per statement, and on one connection kept from that pool (what group commit does
+  between back-to-back commits).
 - **server**: statements run inside the server by a ``DO`` block, each in its own transaction
   (``synchronous_commit = off``, so no flush wait): the floor's one-row INSERT; phasegate's
   commit function on a continued hop; an ``UPDATE workflow_runs`` that moves only
-  ``next_seq`` (HOT); the same update on a copy of ``workflow_runs`` with every index and on a
-  copy with only the primary key; the same update on ``run_positions``. Wall time per
-  statement, with nothing between the statements: the server's own cost of each.
+  ``next_seq`` (HOT); the same update on a copy of ``workflow_runs`` with every index and
+  CHECK constraint, on a copy with every index and no CHECK, and on a copy with only the
+  primary key; the same update on ``run_positions``. Wall time per statement, with nothing
+  between the statements: the server's own cost of each.
+- **checks**: the commit function's continued hops on two databases, one as migrated and one
+  whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, in interleaved
+  rounds (the run rows back at seq 0 and the checkpoints deleted and vacuumed between rounds):
+  what the constraints cost each commit.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -32,12 +40,27 @@ from typing import Any
 import asyncpg
 
 from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
+from phasegate.db import create_pool
 from phasegate.migrate import migrate
 
 RUNS = 16
 STATE = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 
 # Each body runs RUNS x phases times, $w the run (0..RUNS-1), $s the phase, then COMMIT.
+COMMIT_HOP = "phasegate_commit_phase, a continued hop (chain lease)"
+DROP_CHECKS = """
+DO $$ DECLARE c record; BEGIN
+    FOR c IN SELECT conrelid::regclass AS rel, conname FROM pg_constraint
+              WHERE contype = 'c' AND conrelid IN ('workflow_runs'::regclass,
+                                                   'checkpoints'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', c.rel, c.conname);
+    END LOOP;
+END $$"""
+BACK_TO_SEQ_0 = ("DELETE FROM checkpoints; DELETE FROM outbox; "
+                 "UPDATE workflow_runs SET next_seq = 0, updated_at = now(); "
+                 "UPDATE run_positions SET next_seq = 0, chain_holder = NULL, "
+                 "chain_until = NULL")
+
 SERVER_STATEMENTS = {
     "floor INSERT (one row, primary key)":
         f"INSERT INTO bench_floor VALUES ('r' || w, s, '{STATE}')",
@@ -48,8 +71,11 @@ SERVER_STATEMENTS = {
     "UPDATE workflow_runs SET next_seq (HOT, ten indexes, triggers on)":
         "UPDATE workflow_runs SET next_seq = s + 1, updated_at = now() "
         "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
-    "the same UPDATE on a copy with every index, no trigger":
+    "the same UPDATE on a copy with every index and CHECK, no trigger":
         "UPDATE runs_indexed SET next_seq = s + 1, updated_at = now() "
+        "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
+    "the same UPDATE on a copy with every index, no CHECK, no trigger":
+        "UPDATE runs_unchecked SET next_seq = s + 1, updated_at = now() "
         "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
     "the same UPDATE on a copy with only the primary key":
         "UPDATE runs_bare SET next_seq = s + 1, updated_at = now() "
@@ -67,6 +93,9 @@ INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, current_phas
 SELECT 'r' || w, 'wf', 'running', 0, 'p0', 1, '{{}}' FROM generate_series(0, {RUNS - 1}) w;
 CREATE TABLE runs_indexed (LIKE workflow_runs INCLUDING ALL) WITH (fillfactor = 70);
 INSERT INTO runs_indexed SELECT * FROM workflow_runs;
+CREATE TABLE runs_unchecked (LIKE workflow_runs INCLUDING ALL EXCLUDING CONSTRAINTS)
+    WITH (fillfactor = 70);
+INSERT INTO runs_unchecked SELECT * FROM workflow_runs;
 CREATE TABLE runs_bare (LIKE workflow_runs INCLUDING DEFAULTS) WITH (fillfactor = 70);
 ALTER TABLE runs_bare ADD PRIMARY KEY (workflow_id);
 INSERT INTO runs_bare SELECT * FROM workflow_runs;
@@ -104,6 +133,73 @@ async def driver(dsn: str, calls: int) -> dict[str, dict[str, float]]:
     return found
 
 
+async def through_pool(dsn: str, calls: int) -> dict[str, dict[str, float]]:
+    """The pooler-safe statement through phasegate's pool: acquired and released per call,
+    and on one kept connection."""
+    found = {}
+    pool = await create_pool(dsn, min_size=2, max_size=2)
+    try:
+        kept = await pool.acquire()
+        try:
+            for label, run in (
+                    ("no statement cache, a pool connection per statement", pool.fetchval),
+                    ("no statement cache, one kept pool connection", kept.fetchval)):
+                for _ in range(200):
+                    await run("SELECT length($1::text)", STATE)
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(calls):
+                    await run("SELECT length($1::text)", STATE)
+                found[label] = {"client_cpu_us": (time.process_time() - cpu) / calls * 1e6,
+                                "wall_us": (time.perf_counter() - wall) / calls * 1e6}
+        finally:
+            await pool.release(kept)
+    finally:
+        await pool.close()
+    return found
+
+
+async def _hops(dsn: str, body: str, phases: int) -> float:
+    """µs per statement of ``body`` run RUNS x phases times in a DO loop, from seq 0."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute("SET synchronous_commit = off")
+        block = (f"DO $$ DECLARE s integer; w integer; BEGIN "
+                 f"FOR s IN 0..{phases - 1} LOOP FOR w IN 0..{RUNS - 1} LOOP "
+                 f"{body}; COMMIT; END LOOP; END LOOP; END $$")
+        started = time.perf_counter()
+        await connection.execute(block)
+        return (time.perf_counter() - started) / (phases * RUNS) * 1e6
+    finally:
+        await connection.close()
+
+
+async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
+    """The commit function's continued hop with and without the CHECK constraints."""
+    databases = {}
+    for label in ("as migrated", "without CHECK constraints"):
+        dsn = await fresh_database(server_dsn)
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(SETUP)
+            if label != "as migrated":
+                await connection.execute(DROP_CHECKS)
+        finally:
+            await connection.close()
+        databases[label] = dsn
+    found: dict[str, list[float]] = {label: [] for label in databases}
+    for _ in range(rounds):
+        for label, dsn in databases.items():
+            connection = await asyncpg.connect(dsn)
+            try:
+                await connection.execute(BACK_TO_SEQ_0)
+                for table in ("workflow_runs", "run_positions", "checkpoints", "outbox"):
+                    await connection.execute(f"VACUUM {table}")
+            finally:
+                await connection.close()
+            found[label].append(await _hops(dsn, SERVER_STATEMENTS[COMMIT_HOP], phases))
+    return found
+
+
 async def server(dsn: str, phases: int) -> dict[str, float]:
     """Per statement, µs of wall time inside the server (each in its own transaction)."""
     setup = await asyncpg.connect(dsn)
@@ -113,22 +209,16 @@ async def server(dsn: str, phases: int) -> dict[str, float]:
         await setup.close()
     found = {}
     for label, body in SERVER_STATEMENTS.items():
+        # Every run back at seq 0 (the commit function's loop moved them): each update's
+        # condition then holds on every call. The commit function runs first, on a fresh
+        # database, so its checkpoints are new too.
         connection = await asyncpg.connect(dsn)
         try:
-            # Every run back at seq 0 (the commit function's loop moved them): each update's
-            # condition then holds on every call. The commit function runs first, on a fresh
-            # database, so its checkpoints are new too.
             await connection.execute("UPDATE workflow_runs SET next_seq = 0, "
                                      "updated_at = now()")
-            await connection.execute("SET synchronous_commit = off")
-            block = (f"DO $$ DECLARE s integer; w integer; BEGIN "
-                     f"FOR s IN 0..{phases - 1} LOOP FOR w IN 0..{RUNS - 1} LOOP "
-                     f"{body}; COMMIT; END LOOP; END LOOP; END $$")
-            started = time.perf_counter()
-            await connection.execute(block)
-            found[label] = (time.perf_counter() - started) / (phases * RUNS) * 1e6
         finally:
             await connection.close()
+        found[label] = await _hops(dsn, body, phases)
     return found
 
 
@@ -138,8 +228,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for _ in range(args.rounds):
             dsn = await fresh_database(cluster.dsn)
-            rounds.append({"driver": await driver(dsn, args.calls),
+            rounds.append({"driver": {**await driver(dsn, args.calls),
+                                      **await through_pool(dsn, args.calls)},
                            "server": await server(dsn, args.phases)})
+        check_rounds = await checks(cluster.dsn, args.phases, args.check_rounds)
     finally:
         cluster.stop()
     driver_med = {label: {k: statistics.median(r["driver"][label][k] for r in rounds)
@@ -149,7 +241,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                   for label in SERVER_STATEMENTS}
     return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
             "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
-            "rounds": rounds, "driver": driver_med, "server": server_med}
+            "rounds": rounds, "driver": driver_med, "server": server_med,
+            "checks_rounds": check_rounds,
+            "checks": {label: statistics.median(v) for label, v in check_rounds.items()}}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -160,6 +254,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| statement, inside the server, each in its own transaction | µs |",
               "|---|---:|"]
     lines += [f"| {label} | {us:.0f} |" for label, us in report["server"].items()]
+    lines += ["", f"| {COMMIT_HOP}, interleaved rounds | µs (median) |", "|---|---:|"]
+    lines += [f"| {label} | {us:.0f} |" for label, us in report["checks"].items()]
     return "\n".join(lines)
 
 
@@ -168,6 +264,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--check-rounds", type=int, default=5)
     args = parser.parse_args()
     report = asyncio.run(bench(args))
     path = write_results("statement-costs", report)

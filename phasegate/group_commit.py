@@ -16,6 +16,11 @@ When to send, so that batching never costs a lone commit anything:
   the window (``PHASEGATE_COMMIT_BATCH_WINDOW_MS``) at the latest, and goes with whatever
   else queued up meanwhile.
 
+One connection is kept between statements while commits keep coming (a worker's chain commits
+back to back): the pool's acquire and release cost a quarter of the client CPU of a statement
+(``python -m bench.statement_costs``). It goes back to the pool once nothing has used it for
+``IDLE_RELEASE_S``, after any error, and never in a pool too small to spare it.
+
 If the multi-row statement fails as a whole (a constraint one row breaks, a deadlock between
 two batches), each of its commits is retried on its own with the single-row statement, so only
 the bad one fails. A lost connection is not retried here: every caller gets the error, as a
@@ -25,6 +30,7 @@ single commit would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -36,6 +42,12 @@ from phasegate.db_errors import DATABASE_DOWN
 # Bounded so one statement stays small (21 arrays of this many elements) and one slow batch
 # cannot hold a large share of a worker's transitions.
 MAX_BATCH = 64
+# How long the kept connection may sit unused before it goes back to the pool: long enough to
+# span a chain's phases, short enough that a closing pool (which waits for it) barely notices.
+IDLE_RELEASE_S = 0.05
+# A pool smaller than this lends each statement its connection and takes it back at once:
+# keeping one would leave too little for steps, heartbeats and the other group.
+MIN_POOL_TO_KEEP = 3
 
 Args: TypeAlias = tuple[Any, ...]
 Result: TypeAlias = "asyncpg.Record | None"
@@ -60,7 +72,17 @@ class GroupCommit:
         self._in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        # The kept connection (see the module docstring) and its idle check.
+        self._keep = pool.get_max_size() >= MIN_POOL_TO_KEEP if pool is not None else False
+        self._kept: Any = None
+        self._kept_used = 0.0
+        self._idle_check: asyncio.TimerHandle | None = None
         self.statements = 0  # multi-row statements sent (tests and bench read it)
+
+    @property
+    def kept_server_pid(self) -> int | None:
+        """The server process of the kept connection; None when none is kept (tests)."""
+        return None if self._kept is None else int(self._kept.get_server_pid())
 
     @property
     def queued(self) -> int:
@@ -104,7 +126,7 @@ class GroupCommit:
         try:
             if len(batch) == 1:
                 results: Sequence[Result | BaseException] = [
-                    await self._pool.fetchrow(self._single_sql, *batch[0][0])]
+                    await self._statement(self._single_sql, batch[0][0], many=False)]
             else:
                 results = await self._together([args for args, _ in batch])
         except BaseException as exc:
@@ -129,7 +151,8 @@ class GroupCommit:
         order = sorted(range(len(batch)), key=lambda i: batch[i][0])
         columns = [list(column) for column in zip(*(batch[i] for i in order), strict=True)]
         try:
-            rows: list[asyncpg.Record] = await self._pool.fetch(self._batch_sql, *columns)
+            rows: list[asyncpg.Record] = await self._statement(self._batch_sql, columns,
+                                                               many=True)
         except DATABASE_DOWN:  # retrying each row alone would only repeat it, slower
             raise
         except asyncpg.PostgresError:
@@ -141,3 +164,60 @@ class GroupCommit:
         self.statements += 1
         won = {order[row["i"] - 1]: row for row in rows}
         return [won.get(i) for i in range(len(batch))]
+
+    # -- the kept connection
+
+    async def _statement(self, sql: str, args: Sequence[Any], *, many: bool) -> Any:
+        """One statement on the kept connection (or a pool connection, kept afterwards when
+        none is); any error gives the connection back to the pool, which knows what to do
+        with a broken one."""
+        connection, self._kept = self._kept, None
+        if connection is not None and not _open(connection):  # the server ended it meanwhile
+            await self._release(connection)
+            connection = None
+        if connection is None:
+            connection = await self._pool.acquire()
+        try:
+            result = await (connection.fetch(sql, *args) if many
+                            else connection.fetchrow(sql, *args))
+        except BaseException:
+            await self._pool.release(connection)
+            raise
+        if not self._keep or self._kept is not None:  # another statement kept its own
+            await self._pool.release(connection)
+            return result
+        self._kept = connection
+        loop = asyncio.get_running_loop()
+        self._kept_used = loop.time()
+        if self._idle_check is None:
+            self._idle_check = loop.call_later(IDLE_RELEASE_S, self._release_if_idle)
+        return result
+
+    def _release_if_idle(self) -> None:
+        self._idle_check = None
+        if self._kept is None:
+            return
+        loop = asyncio.get_running_loop()
+        idle_for = loop.time() - self._kept_used
+        if idle_for < IDLE_RELEASE_S:  # used meanwhile: look again when it could be idle
+            self._idle_check = loop.call_later(IDLE_RELEASE_S - idle_for,
+                                               self._release_if_idle)
+            return
+        connection, self._kept = self._kept, None
+        task = loop.create_task(self._release(connection))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _release(self, connection: Any) -> None:
+        # A pool terminated meanwhile has already closed it.
+        with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresError, OSError):
+            await self._pool.release(connection)
+
+
+def _open(connection: Any) -> bool:
+    """False once the connection's socket closed: asyncpg then hands its slot back to the pool
+    itself and detaches the connection we hold, which raises on every call."""
+    try:
+        return not connection.is_closed()
+    except asyncpg.InterfaceError:
+        return False

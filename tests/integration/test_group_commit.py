@@ -29,9 +29,10 @@ Result = tuple[datetime, int | None] | None
 
 
 @asynccontextmanager
-async def grouped_store(database_url: str, window_s: float = HELD_WINDOW_S
-                        ) -> AsyncIterator[Store]:
-    pool = await create_pool(database_url, min_size=1, max_size=2)
+async def grouped_store(database_url: str, window_s: float = HELD_WINDOW_S, *,
+                        pool_size: int = 4) -> AsyncIterator[Store]:
+    """A worker's store; its default pool (4) is large enough to keep a connection."""
+    pool = await create_pool(database_url, min_size=1, max_size=pool_size)
     try:
         yield Store(pool, commit_window_s=window_s)
     finally:
@@ -229,6 +230,63 @@ async def test_many_concurrent_commits_through_a_short_window(database_url):
                        "LIKE 'wf_gc_many_%'")
     assert rows[0][0] == 48
     assert await outbox_seqs(database_url, runs[-1]) == [0, 1, 2]
+
+
+async def test_back_to_back_commits_keep_one_connection_until_idle(database_url, db_route):
+    """A chain's commits come back to back: they share one connection (no pool acquire per
+    commit), which goes back to the pool once idle, so the pool can close."""
+    async with grouped_store(database_url) as store:
+        group = store.group_commit
+        assert group is not None
+        await running(store, "wf_gc_kept")
+        pids = set()
+        for seq in range(3):
+            assert await store.commit_phase(commit_of("wf_gc_kept", seq)) is not None
+            pids.add(group.kept_server_pid)
+        assert None not in pids
+        if db_route != "pgbouncer":  # behind a pooler the server process may change
+            assert len(pids) == 1
+
+        async def given_back() -> bool:
+            return group.kept_server_pid is None
+
+        await wait_for(given_back, timeout=10, what="the idle connection back in the pool")
+        await asyncio.wait_for(store.pool.close(), timeout=10)
+    assert await checkpoints_of(database_url, "wf_gc_kept") == [0, 1, 2]
+
+
+async def test_a_kept_connection_the_server_ended_is_replaced(database_url, db_route):
+    """The server ends the kept connection between two commits (a restart, a failover, an
+    operator): the next commit runs on a fresh one and succeeds."""
+    if db_route == "pgbouncer":
+        pytest.skip("terminates the server backend directly; PgBouncer would hide which")
+    async with grouped_store(database_url) as store:
+        group = store.group_commit
+        assert group is not None
+        await running(store, "wf_gc_ended")
+        assert await store.commit_phase(commit_of("wf_gc_ended", 0)) is not None
+        pid = group.kept_server_pid
+        assert pid is not None
+        assert await fetchval(database_url, "SELECT pg_terminate_backend($1)", pid)
+
+        async def noticed() -> bool:  # the client sees the socket close
+            return await fetchval(database_url, "SELECT count(*) FROM pg_stat_activity "
+                                  "WHERE pid = $1", pid) == 0
+
+        await wait_for(noticed, timeout=10, what="the kept connection's backend gone")
+        assert await store.commit_phase(commit_of("wf_gc_ended", 1)) is not None
+        assert group.kept_server_pid not in (None, pid)
+    assert await checkpoints_of(database_url, "wf_gc_ended") == [0, 1]
+
+
+async def test_a_small_pool_keeps_no_connection(database_url):
+    """Below three connections the pool lends one per statement and takes it back: keeping
+    one would starve steps, heartbeats and the other group."""
+    async with grouped_store(database_url, pool_size=2) as store:
+        await running(store, "wf_gc_small")
+        assert await store.commit_phase(commit_of("wf_gc_small")) is not None
+        assert store.group_commit is not None and store.group_commit.kept_server_pid is None
+        assert store.pool.get_idle_size() == store.pool.get_size()
 
 
 def test_a_window_of_zero_is_not_a_group_commit():
