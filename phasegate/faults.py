@@ -5,7 +5,8 @@ comma-separated list of ``point`` (kill the first time), ``point@N`` (the N-th t
 ``point%P`` (with probability P each time, seeded by ``PHASEGATE_FAULT_SEED``).
 
 Points: ``after_receive``, ``mid_phase`` (inside a write step / before the phase returns),
-``after_commit`` (between commit and send), ``after_send`` (between send and delete),
+``after_commit`` (between commit and send), ``after_send`` (the successor sent; the received
+message's delete, which runs meanwhile, may or may not be done),
 ``step_claimed`` (a write step's pre_execution record is committed, its function not yet
 called), ``step_effect`` (the write step's effect happened, its completed record not yet
 written), ``mid_chain`` (a continued phase's successor is committed leased to this worker,

@@ -9,7 +9,8 @@ of them imports the transition itself.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
@@ -28,6 +29,10 @@ class Settlement:
     action: Action
     outcome: str
     visibility_s: int = 0
+    # The successor's send, still in flight: the runtime deletes the received message
+    # meanwhile (the committed outbox row stands for the successor whatever becomes of the
+    # send) and waits for both, so a slot is freed only when the hop's SQS work is done.
+    sending: Awaitable[bool] | None = field(default=None, compare=False)
 
 
 class Emit(Protocol):

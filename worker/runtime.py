@@ -362,7 +362,11 @@ class Worker:
 
     async def _settle(self, message: Received, settlement: Settlement) -> None:
         try:
-            if settlement.action is Action.DELETE:
+            if settlement.action is Action.DELETE and settlement.sending is not None:
+                # Shielded: the send is durable (the transition's), whatever happens here.
+                await asyncio.gather(self._delete(message.receipt_handle),
+                                     asyncio.shield(settlement.sending))
+            elif settlement.action is Action.DELETE:
                 await self._delete(message.receipt_handle)
             else:
                 await self._release((message.receipt_handle, settlement.visibility_s))

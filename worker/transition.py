@@ -389,11 +389,21 @@ class PhaseTransition:
             # SIGTERM came during the commit: hand off now.
             await self._hand_off(Pending(successor, body))
         elif successor is not None and body is not None and outbox_id is not None:
-            await self.emit(OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
-                            commit_started)
+            # Sent while the runtime deletes the received message: the hop waits for the
+            # longer of the two SQS calls, not their sum.
+            sending = self._durable(self._send_successor(
+                OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
+                commit_started))
+            self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
+            return Settlement(Action.DELETE, outcome.label, sending=sending)
         self.faults.hit("after_send")
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
+
+    async def _send_successor(self, row: OutboxRow, committed: float) -> bool:
+        sent = await self.emit(row, committed)
+        self.faults.hit("after_send")
+        return sent
 
     async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
         """Send an outbox row and mark it sent. On failure the relay sends it later.
