@@ -1,5 +1,5 @@
-"""``python -m bench.chaos --seed N --workflows N [--workers N] [--long] [--branching N]``:
-one chaos run.
+"""``python -m bench.chaos --seed N --workflows N [--workers N] [--long] [--branching N]
+[--pgbouncer] [--continuation on|off]``: one chaos run.
 
 Exit status 0 when every invariant held, 1 otherwise (the report names the failing invariant,
 the seed and the full fault schedule, which the same command line reproduces).
@@ -31,13 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--branching", type=int, default=0, metavar="N",
                         help="every Nth run is a branching run (a fork of 2 whose branches "
                              "fork 2 again; invariant I8); 0: none")
+    parser.add_argument("--continuation", choices=("on", "off"), default="on",
+                        help="local continuation in the fleet (on, the default, as in "
+                             "production; off: every hop through SQS, no mid_chain kill)")
     args = parser.parse_args(argv)
     report = run_chaos(ChaosConfig(seed=args.seed, workflows=args.workflows,
                                    workers=args.workers, long=args.long,
                                    concurrency=args.concurrency,
                                    drain_bound_s=args.drain_bound, log_dir=args.log_dir,
                                    pgbouncer=args.pgbouncer,
-                                   branching_every=args.branching))
+                                   branching_every=args.branching,
+                                   continuation=args.continuation == "on"))
     print(report.text(), flush=True)
     return 0 if report.ok else 1
 

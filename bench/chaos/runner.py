@@ -37,7 +37,7 @@ from bench.chaos.fleet import FAULT_LINE, ROOT, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import Result, SentPoison, check_all
 from bench.chaos.pg_proxy import PgCommitCutProxy
-from bench.chaos.schedule import KILL_POINTS, SQS_FAULTS, build_schedule
+from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, TREE_PREFIX, chaos, chaos_tree
 from bench.pgbouncer import PgBouncer
@@ -66,6 +66,8 @@ class ChaosConfig:
     pgbouncer: bool = False
     # Every Nth run is a chaos-tree run (nested branches under the same faults); 0: none.
     branching_every: int = 0
+    # Local continuation in the fleet (PHASEGATE_CONTINUATION; on by default, as in production).
+    continuation: bool = True
 
 
 @dataclass
@@ -95,7 +97,10 @@ class Report:
                       f"--workflows {self.config.workflows} --workers {self.config.workers}"
                       + (" --long" if self.config.long else "")
                       + (f" --branching {self.config.branching_every}"
-                         if self.config.branching_every else ""), "fault schedule:",
+                         if self.config.branching_every else "")
+                      + (" --pgbouncer" if self.config.pgbouncer else "")
+                      + ("" if self.config.continuation else " --continuation off"),
+                      "fault schedule:",
                       self.schedule_text]
         return "\n".join(lines)
 
@@ -143,7 +148,8 @@ class ChaosRun:
     def __init__(self, config: ChaosConfig) -> None:
         self.config = config
         self.schedule = build_schedule(config.seed, workflows=config.workflows,
-                                       workers=config.workers, long=config.long)
+                                       workers=config.workers, long=config.long,
+                                       continuation=config.continuation)
         self.rng = random.Random(config.seed ^ 0x5EED)
         self.fired: Counter[str] = Counter()
         self.started: list[str] = []
@@ -251,7 +257,8 @@ class ChaosRun:
                 "PHASEGATE_RELAY_STALL_AFTER_S": "25",
                 "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
                 "PHASEGATE_STARTUP_TIMEOUT_S": "60", "PHASEGATE_LOG_FORMAT": "json",
-                "PHASEGATE_DB_POOL_MAX": "4", DOWNSTREAM_ENV: downstream.url}
+                "PHASEGATE_DB_POOL_MAX": "4", DOWNSTREAM_ENV: downstream.url,
+                "PHASEGATE_CONTINUATION": "true" if self.config.continuation else "false"}
 
     # -- driving the run ------------------------------------------------------------------------
 
@@ -399,7 +406,8 @@ class ChaosRun:
 
     def _expected_faults(self) -> list[str]:
         kinds = {e.kind for e in self.schedule.events}
-        expected = [*(f"kill@{p}" for p in KILL_POINTS), "sigkill_worker", "sigterm_drain",
+        expected = [*(f"kill@{p}" for p in kill_points(self.config.continuation)),
+                    "sigkill_worker", "sigterm_drain",
                     "sigkill_relay",
                     "pg_restart", "pg_commit_cut", *(f"sqs_{f}" for f in SQS_FAULTS),
                     "duplicate_after_window", "duplicate_in_window", "poison",

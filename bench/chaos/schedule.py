@@ -14,10 +14,16 @@ from dataclasses import asdict, dataclass, field
 
 # Kill points inside the worker (phasegate/faults.py): each worker incarnation is armed with one
 # of these as ``point@N`` and restarted after it fires.
-# ``mid_chain``: local continuation is on (the default) in the fleet, so a worker also dies
-# between a continued phase's commit (the next phase held by its chain lease) and the next phase.
+# ``mid_chain``: with local continuation on (the default) a worker also dies between a
+# continued phase's commit (the next phase held by its chain lease) and the next phase; a fleet
+# run with continuation off never reaches that point, so its schedule leaves it out.
 KILL_POINTS = ("after_receive", "step_claimed", "step_effect", "mid_phase", "after_commit",
                "after_send", "mid_chain")
+
+
+def kill_points(continuation: bool = True) -> tuple[str, ...]:
+    """The kill points a fleet with (or without) local continuation can reach."""
+    return KILL_POINTS if continuation else tuple(p for p in KILL_POINTS if p != "mid_chain")
 
 # SQS faults the proxy injects during a window (bench/chaos/sqs_proxy.py).
 SQS_FAULTS = ("throttle", "server_error", "slow", "send_response_dropped", "send_lost",
@@ -62,7 +68,8 @@ class Schedule:
         return "\n".join(lines)
 
 
-def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = False) -> Schedule:
+def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = False,
+                   continuation: bool = True) -> Schedule:
     rng = random.Random(seed)
     # The long run produces its workflows over 80% of a 900 s window (about 2.8 a second for
     # 2,000): a pace the fleet keeps up with on two cores, so faults land on a busy system
@@ -107,12 +114,12 @@ def build_schedule(seed: int, *, workflows: int, workers: int, long: bool = Fals
     # Commit cuts are probabilistic per commit statement, but at least one is forced early.
     events.append(Event(round(rng.uniform(3.0, 10.0), 2), "pg_cut_next_commit", {}))
     events.sort(key=lambda e: (e.at_s, e.kind))
-    points = list(KILL_POINTS)
+    points = list(kill_points(continuation))
     rng.shuffle(points)
-    kill_points = [f"{points[i % len(points)]}@{rng.randint(3, 25)}"
-                   for i in range(len(KILL_POINTS) * 2 * scale)]
+    armed = [f"{points[i % len(points)]}@{rng.randint(3, 25)}"
+             for i in range(len(points) * 2 * scale)]
     return Schedule(seed=seed, workflows=workflows, workers=workers, fault_window_s=window,
-                    kill_points=kill_points, events=events,
+                    kill_points=armed, events=events,
                     # High enough that botocore's own retries (5 attempts) sometimes give up
                     # and the engine sees the error.
                     sqs_fault_probability={"throttle": 0.85, "server_error": 0.8,

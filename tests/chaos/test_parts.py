@@ -29,6 +29,14 @@ def test_same_seed_same_schedule_and_every_kind_scheduled() -> None:
     assert len(POISON_KINDS) == 10
 
 
+def test_a_fleet_without_continuation_is_never_armed_at_mid_chain() -> None:
+    """Without local continuation no worker reaches mid_chain: arming it would fail I6 by
+    construction. Every other point is still armed."""
+    schedule = build_schedule(5, workflows=100, workers=3, continuation=False)
+    armed = {p.partition("@")[0] for p in schedule.kill_points}
+    assert armed == set(KILL_POINTS) - {"mid_chain"}
+
+
 def test_kill_points_that_never_fired_are_armed_again_after_the_window(tmp_path) -> None:
     """A slow fleet may end the fault window before reaching a point's N (I6 failed on a
     loaded machine): each kind that never fired is queued again at its first hit, and one
