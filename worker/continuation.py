@@ -175,4 +175,5 @@ async def end_chain(chain: Chain, settlement: Settlement, leases: Leases,
         row = await leases.end(pending, retry)
         if row is not None:
             await emit(row)
-    return Settlement(Action.DELETE, settlement.outcome)
+    # A chain handed off through SQS: its last hop's send is still the runtime's to wait for.
+    return Settlement(Action.DELETE, settlement.outcome, sending=settlement.sending)

@@ -3,6 +3,7 @@ run through SQS instead, one at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from typing import Any
@@ -12,7 +13,8 @@ import pytest
 from phasegate import Context, Workflow
 from phasegate.envelope import phase_message
 from phasegate.tiers import PhaseOutcome
-from phasegate.worker.continuation import Chain, ContinuationConfig, can_continue
+from phasegate.worker.continuation import Chain, ContinuationConfig, Leases, can_continue, end_chain
+from phasegate.worker.outcomes import Action, Settlement
 
 plain = Workflow("plain", schema_version=1)
 ON = ContinuationConfig(enabled=True, max_hops=3, max_s=30.0)
@@ -69,3 +71,24 @@ def test_workflows_with_tiers_or_staleness_and_merge_phases_do_not_continue() ->
     merging.merge_phases.add("b")
     merging.phase("b")(_step)
     assert not decide(workflow=merging)
+
+
+async def test_a_chain_handed_off_through_the_queue_keeps_its_last_send() -> None:
+    """The hop that ends a chain at its cap sends its successor while the received message is
+    deleted: the settlement the runtime gets still carries that send, so the slot is freed
+    only when it is done."""
+    chain = Chain()
+    chain.hops = 3
+
+    async def sent() -> bool:
+        return True
+
+    sending = asyncio.ensure_future(sent())
+
+    async def no_emit(row: Any, committed: float | None = None) -> bool:
+        raise AssertionError("nothing pending: nothing to emit")
+
+    settlement = await end_chain(chain, Settlement(Action.DELETE, "advanced", sending=sending),
+                                 Leases(None, "w-1", 30.0), no_emit)  # type: ignore[arg-type]
+    assert settlement == Settlement(Action.DELETE, "advanced")
+    assert settlement.sending is sending and await sending
