@@ -181,7 +181,7 @@ class GroupCommit:
             result = await (connection.fetch(sql, *args) if many
                             else connection.fetchrow(sql, *args))
         except BaseException:
-            await self._pool.release(connection)
+            await self._release(connection)  # never masks the statement's own error
             raise
         if not self._keep or self._kept is not None:  # another statement kept its own
             await self._pool.release(connection)
