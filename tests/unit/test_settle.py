@@ -28,8 +28,10 @@ async def _worker_holding_one() -> tuple[Worker, Received, list[str]]:
     return worker, message, deleted
 
 
-async def test_the_received_message_is_deleted_while_the_successor_is_sent() -> None:
-    worker, message, deleted = await _worker_holding_one()
+async def _settling_with_a_send(worker: Worker, message: Received
+                                ) -> tuple[asyncio.Event, asyncio.Future[bool],
+                                           asyncio.Future[None]]:
+    """The runtime settling ``message`` while its successor's send waits for the event."""
     may_finish = asyncio.Event()
 
     async def send() -> bool:
@@ -39,6 +41,12 @@ async def test_the_received_message_is_deleted_while_the_successor_is_sent() -> 
     sending = asyncio.ensure_future(send())
     settling = asyncio.ensure_future(worker._settle(
         message, Settlement(Action.DELETE, "advanced", sending=sending)))
+    return may_finish, sending, settling
+
+
+async def test_the_received_message_is_deleted_while_the_successor_is_sent() -> None:
+    worker, message, deleted = await _worker_holding_one()
+    may_finish, _, settling = await _settling_with_a_send(worker, message)
     for _ in range(100):  # a few loop turns: the delete needs no more
         if deleted:
             break
@@ -52,15 +60,7 @@ async def test_the_received_message_is_deleted_while_the_successor_is_sent() -> 
 
 async def test_a_cancelled_settle_leaves_the_send_running() -> None:
     worker, message, _ = await _worker_holding_one()
-    may_finish = asyncio.Event()
-
-    async def send() -> bool:
-        await may_finish.wait()
-        return True
-
-    sending = asyncio.ensure_future(send())
-    settling = asyncio.ensure_future(worker._settle(
-        message, Settlement(Action.DELETE, "advanced", sending=sending)))
+    may_finish, sending, settling = await _settling_with_a_send(worker, message)
     await asyncio.sleep(0)
     settling.cancel()
     await asyncio.gather(settling, return_exceptions=True)
