@@ -19,7 +19,8 @@ When to send, so that batching never costs a lone commit anything:
 One connection is kept between statements while commits keep coming (a worker's chain commits
 back to back): the pool's acquire and release cost a quarter of the client CPU of a statement
 (``python -m bench.statement_costs``). It goes back to the pool once nothing has used it for
-``IDLE_RELEASE_S``, after any error, and never in a pool too small to spare it.
+``IDLE_RELEASE_S``, after any error, at once when every other connection of the pool is taken
+(someone may be waiting for it), and is never kept in a pool too small to spare it.
 
 If the multi-row statement fails as a whole (a constraint one row breaks, a deadlock between
 two batches), each of its commits is retried on its own with the single-row statement, so only
@@ -183,7 +184,7 @@ class GroupCommit:
         except BaseException:
             await self._release(connection)  # never masks the statement's own error
             raise
-        if not self._keep or self._kept is not None:  # another statement kept its own
+        if not self._keep or self._kept is not None or self._pool_busy():
             await self._pool.release(connection)
             return result
         self._kept = connection
@@ -192,6 +193,13 @@ class GroupCommit:
         if self._idle_check is None:
             self._idle_check = loop.call_later(IDLE_RELEASE_S, self._release_if_idle)
         return result
+
+    def _pool_busy(self) -> bool:
+        """No connection free in the pool and none left to open: someone may be waiting for
+        the one this statement used (a step, a heartbeat, the emergency flush)."""
+        idle: int = self._pool.get_idle_size()
+        size: int = self._pool.get_size()
+        return idle == 0 and size >= self._pool.get_max_size()
 
     def _release_if_idle(self) -> None:
         self._idle_check = None

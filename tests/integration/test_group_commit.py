@@ -289,6 +289,23 @@ async def test_a_small_pool_keeps_no_connection(database_url):
         assert store.pool.get_idle_size() == store.pool.get_size()
 
 
+async def test_a_connection_is_not_kept_while_the_pool_has_none_to_spare(database_url):
+    """Every other connection of the pool is taken (steps, a heartbeat): the commit's own goes
+    back at once, for whoever waits, instead of sitting with the group commit."""
+    async with grouped_store(database_url, pool_size=3) as store:
+        await running(store, "wf_gc_busy")
+        others = [await store.pool.acquire() for _ in range(2)]
+        try:
+            assert await store.commit_phase(commit_of("wf_gc_busy")) is not None
+            assert store.group_commit is not None and store.group_commit.kept_server_pid is None
+            assert store.pool.get_idle_size() == 1
+        finally:
+            for connection in others:
+                await store.pool.release(connection)
+        assert await store.commit_phase(commit_of("wf_gc_busy", 1)) is not None
+        assert store.group_commit.kept_server_pid is not None  # room again: kept
+
+
 def test_a_window_of_zero_is_not_a_group_commit():
     with pytest.raises(ValueError, match="window"):
         GroupCommit(None, single_sql="", batch_sql="", window_s=0)  # type: ignore[arg-type]
