@@ -8,22 +8,26 @@ transaction mode (PgBouncer ``pool_mode = transaction``, RDS Proxy) needs is dec
   hook therefore sends nothing (asyncpg's default reset is a second round trip per query).
 - **No named prepared statements** with ``PHASEGATE_DATABASE_POOLER=transaction`` (the
   default): asyncpg's statement cache is off, so every query is parsed as the unnamed
-  statement and bound in the same server transaction (asyncpg sends Flush, not Sync, between
-  Parse and Bind, so a pooler cannot hand the Bind to another server connection). A named
-  statement prepared on one server connection and executed on another fails with
-  ``prepared statement "__asyncpg_stmt_…__" does not exist``.
+  statement and bound in the same write, up to one Sync, which a pooler keeps on one server
+  connection. A named statement prepared on one server connection and executed on another
+  fails with ``prepared statement "__asyncpg_stmt_…__" does not exist``. The connections keep
+  each query's description instead (phasegate/unnamed_statements.py, up to
+  ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` queries), so a query costs one round trip, not two.
 - ``PHASEGATE_DATABASE_POOLER=none`` (a direct connection) keeps asyncpg's cache of
-  ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` statements: ≈30 % more transitions per second per
-  connection (docs/how-to/poolers.md has the measurement).
+  ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` named statements: the server parses and plans a
+  query once per connection instead of on every call (docs/how-to/poolers.md has the
+  measurement).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import asyncpg
 
 from phasegate.settings import Settings
+from phasegate.unnamed_statements import UnnamedStatementConnection
 
 Pooler = Literal["transaction", "none"]
 POOLERS: tuple[Pooler, ...] = ("transaction", "none")
@@ -43,8 +47,15 @@ def statement_cache_size(pooler: Pooler, configured: int = DEFAULT_STATEMENT_CAC
 
 def _connect_kwargs(pooler: Pooler, cache: int, timeout_s: float) -> dict[str, object]:
     return {"statement_cache_size": statement_cache_size(pooler, cache),
+            "connection_class": UnnamedStatementConnection,
             "timeout": timeout_s, "command_timeout": COMMAND_TIMEOUT_S,
             "server_settings": {"application_name": APPLICATION_NAME}}
+
+
+def _keeping_descriptions(cache: int) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    async def init(connection: asyncpg.Connection) -> None:
+        connection.keep_descriptions(cache)
+    return init
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
@@ -54,6 +65,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
     """A pool that is safe behind a transaction-mode pooler unless ``pooler="none"``."""
     pool = await asyncpg.create_pool(
         dsn, min_size=min_size, max_size=max_size, reset=_no_session_state,
+        init=_keeping_descriptions(statement_cache),
         **_connect_kwargs(pooler, statement_cache, connect_timeout_s))
     assert pool is not None
     return pool
@@ -65,6 +77,7 @@ async def connect(dsn: str, *, pooler: Pooler = "transaction",
     """One connection (migrations, the demo's progress view) with the same rules as a pool."""
     connection: asyncpg.Connection = await asyncpg.connect(
         dsn, **_connect_kwargs(pooler, statement_cache, connect_timeout_s))
+    connection.keep_descriptions(statement_cache)
     return connection
 
 

@@ -99,8 +99,9 @@ class Settings(BaseSettings):
     db_statement_cache_size: int = Field(
         default=100,
         ge=0,
-        description="asyncpg prepared-statement cache; used only with "
-        "PHASEGATE_DATABASE_POOLER=none.",
+        description="Queries kept per connection: named prepared statements with "
+        "PHASEGATE_DATABASE_POOLER=none; with transaction, each query's description (its "
+        "types), so a query is one round trip (0: neither).",
     )
     db_connect_timeout_s: float = Field(default=10.0, gt=0)
     commit_batch_window_ms: float = Field(
