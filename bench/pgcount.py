@@ -1,9 +1,11 @@
 """A PostgreSQL wire-protocol proxy that counts round trips, run as its own process.
 
 ``python -m bench.pgcount LISTEN_PORT UPSTREAM_PORT CONTROL_PORT``. Every frontend message that
-makes the client wait for ReadyForQuery is one round trip: ``Sync`` (extended protocol: a
-prepared-statement execution, a prepare) and ``Query`` (simple protocol, e.g. asyncpg's pool
-reset). Connecting to CONTROL_PORT returns the counts so far as JSON.
+makes the client wait for the server's answer is one round trip: ``Sync`` (extended protocol: a
+prepared-statement execution, a prepare), ``Query`` (simple protocol, e.g. asyncpg's pool
+reset) and ``Flush`` (asyncpg's Parse + Describe of a statement whose types it does not know
+yet: it waits for the description before it sends the Bind, counted as ``describe:<query>``).
+Connecting to CONTROL_PORT returns the counts so far as JSON.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ async def _frontend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
                 counts["round_trips"] += 1
                 counts[f"exec:{bound}" if bound else f"prepare:{parsed}"] += 1
                 bound = parsed = None
+            elif kind == b"H":
+                counts["round_trips"] += 1
+                counts[f"describe:{parsed}"] += 1
             elif kind == b"Q":
                 counts["round_trips"] += 1
                 text = _label(body.rstrip(b"\0"))

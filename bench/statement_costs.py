@@ -6,11 +6,12 @@ Three measurements on a private cluster (bench/common.py), each against its own 
 
 - **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
   one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
-  one round trip) and without it (phasegate's pooler-safe default: Parse + Describe, then
-  Bind + Execute, two round trips). Client CPU (``time.process_time``) and wall time per call.
-  The same statement without the cache through a pool as phasegate makes it, acquired and
-  released per statement, and on one connection kept from that pool (what group commit does
-  between back-to-back commits).
+  one round trip), without it (plain asyncpg: Parse + Describe, then Parse + Bind + Execute,
+  two round trips), and on phasegate's pooler-safe connection (no named statements, the
+  description kept: Parse + Bind + Execute, one round trip; phasegate/unnamed_statements.py).
+  Client CPU (``time.process_time``) and wall time per call. The same statement through a
+  pool as phasegate makes it, acquired and released per statement, and on one connection kept
+  from that pool (what group commit does between back-to-back commits).
 - **server**: statements run inside the server by a ``DO`` block, each in its own transaction
   (``synchronous_commit = off``, so no flush wait): the floor's one-row INSERT; phasegate's
   commit function on a continued hop; an ``UPDATE workflow_runs`` that moves only
@@ -40,10 +41,11 @@ from typing import Any
 import asyncpg
 
 from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
-from phasegate.db import create_pool
+from phasegate.db import connect, create_pool
 from phasegate.migrate import migrate
 
 RUNS = 16
+DESCRIBED_ONCE = "no named statements, the description kept (one round trip)"
 STATE = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 
 # Each body runs RUNS x phases times, $w the run (0..RUNS-1), $s the phase, then COMMIT.
@@ -118,8 +120,10 @@ async def driver(dsn: str, calls: int) -> dict[str, dict[str, float]]:
     """Per call: client CPU and wall time, µs, with and without asyncpg's statement cache."""
     found = {}
     for label, cache in (("statement cache (one round trip)", 100),
-                         ("no statement cache (two round trips)", 0)):
-        connection = await asyncpg.connect(dsn, statement_cache_size=cache)
+                         ("no statement cache (two round trips)", 0),
+                         (DESCRIBED_ONCE, None)):
+        connection = await (connect(dsn) if cache is None
+                            else asyncpg.connect(dsn, statement_cache_size=cache))
         try:
             for _ in range(200):  # warm-up
                 await connection.fetchval("SELECT length($1::text)", STATE)
@@ -142,8 +146,8 @@ async def through_pool(dsn: str, calls: int) -> dict[str, dict[str, float]]:
         kept = await pool.acquire()
         try:
             for label, run in (
-                    ("no statement cache, a pool connection per statement", pool.fetchval),
-                    ("no statement cache, one kept pool connection", kept.fetchval)):
+                    ("phasegate's pool, a pool connection per statement", pool.fetchval),
+                    ("phasegate's pool, one kept pool connection", kept.fetchval)):
                 for _ in range(200):
                     await run("SELECT length($1::text)", STATE)
                 wall, cpu = time.perf_counter(), time.process_time()

@@ -316,7 +316,7 @@ async def count_round_trips(env: Env, workload: Workload) -> dict[str, Any]:
                 await env.databases.drop(dsn)
             by_statement: dict[str, float] = {}
             for label, count in delta.items():
-                if label.startswith(("exec:", "prepare:", "simple:")) and count:
+                if label.startswith(("exec:", "prepare:", "describe:", "simple:")) and count:
                     kind, _, text = label.partition(":")
                     name = names.get(text, text[:40])
                     by_statement[f"{kind}:{name}"] = count / workload.transitions
