@@ -19,10 +19,12 @@ Three measurements on a private cluster (bench/common.py), each against its own 
   CHECK constraint, on a copy with every index and no CHECK, and on a copy with only the
   primary key; the same update on ``run_positions``. Wall time per statement, with nothing
   between the statements: the server's own cost of each.
-- **checks**: the commit function's continued hops on two databases, one as migrated and one
-  whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, in interleaved
-  rounds (the run rows back at seq 0 and the checkpoints deleted and vacuumed between rounds):
-  what the constraints cost each commit.
+- **checks**: the commit function's continued hops on four databases: one as migrated, one
+  whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, one whose written
+  tables have every trigger disabled (the position and slot triggers' WHEN clauses, and the
+  foreign keys' referential triggers: 11 tables reference ``workflow_runs``), and one with
+  neither, in interleaved rounds (the run rows back at seq 0 and the checkpoints deleted and
+  vacuumed between rounds): what the constraints and triggers cost each commit.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -58,6 +60,15 @@ DO $$ DECLARE c record; BEGIN
         EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', c.rel, c.conname);
     END LOOP;
 END $$"""
+# Superuser only (a private cluster's): ALL takes the foreign keys' internal triggers too.
+NO_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER ALL"
+               for table in ("workflow_runs", "run_positions", "checkpoints")]
+CHECK_VARIANTS = {
+    "as migrated": [],
+    "without CHECK constraints": [DROP_CHECKS],
+    "without triggers (row triggers and foreign keys)": NO_TRIGGERS,
+    "without either": [DROP_CHECKS, *NO_TRIGGERS],
+}
 BACK_TO_SEQ_0 = ("DELETE FROM checkpoints; DELETE FROM outbox; "
                  "UPDATE workflow_runs SET next_seq = 0, updated_at = now(); "
                  "UPDATE run_positions SET next_seq = 0, chain_holder = NULL, "
@@ -178,15 +189,16 @@ async def _hops(dsn: str, body: str, phases: int) -> float:
 
 
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
-    """The commit function's continued hop with and without the CHECK constraints."""
+    """The commit function's continued hop with and without the CHECK constraints, and with
+    and without the triggers of the tables it writes (the foreign keys' among them)."""
     databases = {}
-    for label in ("as migrated", "without CHECK constraints"):
+    for label, changes in CHECK_VARIANTS.items():
         dsn = await fresh_database(server_dsn)
         connection = await asyncpg.connect(dsn)
         try:
             await connection.execute(SETUP)
-            if label != "as migrated":
-                await connection.execute(DROP_CHECKS)
+            for change in changes:
+                await connection.execute(change)
         finally:
             await connection.close()
         databases[label] = dsn
