@@ -19,12 +19,13 @@ Three measurements on a private cluster (bench/common.py), each against its own 
   CHECK constraint, on a copy with every index and no CHECK, and on a copy with only the
   primary key; the same update on ``run_positions``. Wall time per statement, with nothing
   between the statements: the server's own cost of each.
-- **checks**: the commit function's continued hops on four databases: one as migrated, one
+- **checks**: the commit function's continued hops on five databases: one as migrated, one
   whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, one whose written
-  tables have every trigger disabled (the position and slot triggers' WHEN clauses, and the
-  foreign keys' referential triggers: 11 tables reference ``workflow_runs``), and one with
-  neither, in interleaved rounds (the run rows back at seq 0 and the checkpoints deleted and
-  vacuumed between rounds): what the constraints and triggers cost each commit.
+  tables have their row triggers disabled (the position and slot triggers' WHEN clauses), one
+  with every trigger disabled (the foreign keys' referential triggers too: 11 tables
+  reference ``workflow_runs``), and one with neither CHECKs nor triggers, in interleaved
+  rounds (the run rows back at seq 0 and the checkpoints deleted and vacuumed between
+  rounds): what the constraints and triggers cost each commit.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -63,9 +64,12 @@ END $$"""
 # Superuser only (a private cluster's): ALL takes the foreign keys' internal triggers too.
 NO_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER ALL"
                for table in ("workflow_runs", "run_positions", "checkpoints")]
+NO_ROW_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER USER"
+                   for table in ("workflow_runs", "run_positions", "checkpoints")]
 CHECK_VARIANTS = {
     "as migrated": [],
     "without CHECK constraints": [DROP_CHECKS],
+    "without the row triggers (foreign keys kept)": NO_ROW_TRIGGERS,
     "without triggers (row triggers and foreign keys)": NO_TRIGGERS,
     "without either": [DROP_CHECKS, *NO_TRIGGERS],
 }
