@@ -10,6 +10,7 @@ a kept description.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
@@ -50,14 +51,19 @@ async def test_a_pool_keeps_descriptions_per_connection(database_url: str):
         await pool.close()
 
 
-async def test_a_statement_cache_of_zero_keeps_nothing(database_url: str):
-    connection = await connect(database_url, statement_cache=0)
+async def describes_of_three_calls(database_url: str, **connect_args: Any) -> int:
+    """How many Describe round trips three calls of one query cost (each result checked)."""
+    connection = await connect(database_url, **connect_args)
     try:
         for i in range(3):
             assert await connection.fetchval("SELECT $1::int", i) == i
-        assert connection.described == 3
+        return int(connection.described)
     finally:
         await connection.close()
+
+
+async def test_a_statement_cache_of_zero_keeps_nothing(database_url: str):
+    assert await describes_of_three_calls(database_url, statement_cache=0) == 3
 
 
 async def test_a_direct_connection_uses_named_statements_instead(database_url: str,
@@ -111,11 +117,6 @@ async def test_an_error_drops_the_description_and_the_connection_goes_on(databas
 
 async def test_a_description_past_its_lifetime_is_described_again(
         database_url: str, monkeypatch: pytest.MonkeyPatch):
+    assert await describes_of_three_calls(database_url) == 1
     monkeypatch.setattr(unnamed_statements, "DESCRIPTION_LIFETIME_S", 0.0)
-    connection = await connect(database_url)
-    try:
-        for i in range(3):
-            assert await connection.fetchval("SELECT $1::int", i) == i
-        assert connection.described == 3
-    finally:
-        await connection.close()
+    assert await describes_of_three_calls(database_url) == 3
