@@ -1,7 +1,8 @@
 """What timers, signals, reviews, per-key concurrency, rate limits and schedules cost a plain
-transition -- a workflow that uses none of them: nothing. Counted on the wire by the
-round-trip proxy the benchmarks use (bench/pgcount.py), between an in-process worker and a
-real PostgreSQL."""
+transition -- a workflow that uses none of them: nothing. And each engine statement is one
+round trip: described once per connection, not before every execution. Counted on the wire
+by the round-trip proxy the benchmarks use (bench/pgcount.py), between an in-process worker
+and a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -66,11 +67,13 @@ async def test_a_plain_transition_runs_no_statement_of_the_flow_features(setting
         counts = await proxy.counts()
     names = _names()
     executed: dict[str, int] = {}
+    described: dict[str, int] = {}
     for label, n in counts.items():
         kind, _, text = label.partition(":")
-        if kind == "exec":
+        if kind in ("exec", "describe"):
+            tally = executed if kind == "exec" else described
             name = names.get(text, "other")
-            executed[name] = executed.get(name, 0) + n
+            tally[name] = tally.get(name, 0) + n
     features = {n for n in executed if n.startswith(FEATURE_FILES)
                 or n.split(":")[-1] in FEATURE_QUERIES}
     assert features == set(), executed
@@ -85,3 +88,11 @@ async def test_a_plain_transition_runs_no_statement_of_the_flow_features(setting
     commits = per_transition.get("queries.sql:commit_phase", 0) \
         + per_transition.get("queries.sql:commit_phases", 0)
     assert 0 < loads <= 1 and 0 < commits <= 1
+    # One round trip per statement: the worker's connections describe each engine query once
+    # (phasegate/unnamed_statements.py), then send it in one write; plain asyncpg without
+    # named statements describes it before every execution.
+    engine = [n for n in executed if n.startswith("queries.sql:")]
+    for name in engine:
+        assert described.get(name, 0) <= min(executed[name], worker_settings.db_pool_max), (
+            name, described, executed)
+    assert sum(described.get(n, 0) for n in engine) < sum(executed[n] for n in engine)
