@@ -19,6 +19,14 @@ Three measurements on a private cluster (bench/common.py), each against its own 
   CHECK constraint, on a copy with every index and no CHECK, and on a copy with only the
   primary key; the same update on ``run_positions``. Wall time per statement, with nothing
   between the statements: the server's own cost of each.
+- **commits**: the statements as a worker sends them (phasegate's connection, the
+  description kept), each its own transaction with ``synchronous_commit`` on, in interleaved
+  rounds: the floor's INSERT; a checkpoint row inserted alone (the one write no design that
+  keeps a checkpoint per phase can skip); ``commit_phase`` on a continued hop; and
+  ``continue_phase`` (migration 0021), the leaner statement that now commits continued hops.
+  Wall time, client CPU and the server process's CPU (``/proc/<pid>/stat``) per call: the
+  commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
+  built on that statement could reach against the floor at one group.
 - **checks**: the commit function's continued hops on five databases: one as migrated, one
   whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, one whose written
   tables have their row triggers disabled (the position and slot triggers' WHEN clauses), one
@@ -34,11 +42,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -46,6 +56,7 @@ import asyncpg
 from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
 from phasegate.db import connect, create_pool
 from phasegate.migrate import migrate
+from phasegate.sql import queries
 
 RUNS = 16
 DESCRIBED_ONCE = "no named statements, the description kept (one round trip)"
@@ -53,6 +64,11 @@ STATE = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 
 # Each body runs RUNS x phases times, $w the run (0..RUNS-1), $s the phase, then COMMIT.
 COMMIT_HOP = "phasegate_commit_phase, a continued hop (chain lease)"
+CONTINUE_HOP = "phasegate_continue_phase, a continued hop (migration 0021)"
+# What no design that keeps a checkpoint row per phase can skip: the row itself, with the
+# table's indexes, CHECKs and foreign key (which locks the run row: nothing else in the
+# transaction did).
+CHECKPOINT_ALONE = "checkpoint INSERT alone (no run row, no position)"
 DROP_CHECKS = """
 DO $$ DECLARE c record; BEGIN
     FOR c IN SELECT conrelid::regclass AS rel, conname FROM pg_constraint
@@ -85,6 +101,10 @@ SERVER_STATEMENTS = {
         f"PERFORM * FROM phasegate_commit_phase('r' || w, 'main', s, 'p' || s, 1, '{STATE}', "
         "'h', 'p' || (s + 1), 'running', NULL, NULL, NULL, 'w1', NULL, 'd' || w || '-' || s, "
         "'g', '{\"v\":1}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'w1', 600, NULL)",
+    CONTINUE_HOP:
+        f"PERFORM phasegate_continue_phase('r' || w, 'main', s, 'p' || s, 1, '{STATE}', "
+        "'h', 'p' || (s + 1), NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 600, "
+        "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
     "UPDATE workflow_runs SET next_seq (HOT, ten indexes, triggers on)":
         "UPDATE workflow_runs SET next_seq = s + 1, updated_at = now() "
         "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
@@ -192,6 +212,69 @@ async def _hops(dsn: str, body: str, phases: int) -> float:
         await connection.close()
 
 
+# The statements a worker sends for one hop, as its store sends them (sql/queries.sql).
+COMMIT_CALLS = {
+    "floor INSERT (one row, primary key)":
+        ("INSERT INTO bench_floor (workflow_id, seq, state) VALUES ($1, $2, $3::jsonb)",
+         lambda w, s: (f"r{w}", s, STATE)),
+    CHECKPOINT_ALONE:
+        ("INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+         "state, state_hash, worker_id) VALUES ($1, 'main', $2, $3, 'phase', 1, $4::jsonb, "
+         "'h', 'w1')",
+         lambda w, s: (f"r{w}", s, f"p{s}", STATE)),
+    COMMIT_HOP:
+        (queries()["commit_phase"],
+         lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", "running",
+                       None, None, None, "w1", None, f"d{w}-{s}", "g",
+                       '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
+                       None, None, None, None, None, None, None, "w1", 600.0, None)),
+    CONTINUE_HOP:
+        (queries()["continue_phase"],
+         lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", None, None,
+                       None, "w1", None, None, None, None, None, "w1", 600.0,
+                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")),
+}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+async def _calls(dsn: str, label: str, phases: int) -> dict[str, float]:
+    """Per call of ``label``'s statement, RUNS x phases calls from seq 0: wall, client CPU and
+    the server process's CPU, µs (clock ticks, so a run lasts long enough to count them)."""
+    sql, make_args = COMMIT_CALLS[label]
+    connection = await connect(dsn)
+    try:
+        await connection.execute(BACK_TO_SEQ_0 + "; DELETE FROM bench_floor")
+        for table in ("workflow_runs", "run_positions", "checkpoints", "outbox", "bench_floor"):
+            await connection.execute(f"VACUUM {table}")
+        pid = connection.get_server_pid()
+        server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
+        for s in range(phases):
+            for w in range(RUNS):
+                await connection.fetchrow(sql, *make_args(w, s))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        server = _process_cpu_s(pid) - server
+    finally:
+        await connection.close()
+    calls = phases * RUNS
+    return {"wall_us": wall / calls * 1e6, "client_cpu_us": cpu / calls * 1e6,
+            "server_cpu_us": server / calls * 1e6}
+
+
+async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The floor's INSERT and phasegate's two commit statements for a continued hop, as a
+    worker sends them, in interleaved rounds on one database."""
+    found: dict[str, list[dict[str, float]]] = {label: [] for label in COMMIT_CALLS}
+    for _ in range(rounds):
+        for label in COMMIT_CALLS:
+            found[label].append(await _calls(dsn, label, phases))
+    return found
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
     """The commit function's continued hop with and without the CHECK constraints, and with
     and without the triggers of the tables it writes (the foreign keys' among them)."""
@@ -229,13 +312,11 @@ async def server(dsn: str, phases: int) -> dict[str, float]:
         await setup.close()
     found = {}
     for label, body in SERVER_STATEMENTS.items():
-        # Every run back at seq 0 (the commit function's loop moved them): each update's
-        # condition then holds on every call. The commit function runs first, on a fresh
-        # database, so its checkpoints are new too.
+        # Every run back at seq 0 and no checkpoint (the commit functions' loops wrote them):
+        # each statement's condition then holds on every call.
         connection = await asyncpg.connect(dsn)
         try:
-            await connection.execute("UPDATE workflow_runs SET next_seq = 0, "
-                                     "updated_at = now()")
+            await connection.execute(BACK_TO_SEQ_0)
         finally:
             await connection.close()
         found[label] = await _hops(dsn, body, phases)
@@ -252,6 +333,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                       **await through_pool(dsn, args.calls)},
                            "server": await server(dsn, args.phases)})
         check_rounds = await checks(cluster.dsn, args.phases, args.check_rounds)
+        dsn = await fresh_database(cluster.dsn)
+        setup = await asyncpg.connect(dsn)
+        try:
+            await setup.execute(SETUP)
+        finally:
+            await setup.close()
+        commit_rounds = await commits(dsn, args.phases, args.check_rounds)
     finally:
         cluster.stop()
     driver_med = {label: {k: statistics.median(r["driver"][label][k] for r in rounds)
@@ -263,7 +351,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
             "rounds": rounds, "driver": driver_med, "server": server_med,
             "checks_rounds": check_rounds,
-            "checks": {label: statistics.median(v) for label, v in check_rounds.items()}}
+            "checks": {label: statistics.median(v) for label, v in check_rounds.items()},
+            "commits_rounds": commit_rounds,
+            "commits": {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
+                        for label, v in commit_rounds.items()}}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -276,6 +367,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| {label} | {us:.0f} |" for label, us in report["server"].items()]
     lines += ["", f"| {COMMIT_HOP}, interleaved rounds | µs (median) |", "|---|---:|"]
     lines += [f"| {label} | {us:.0f} |" for label, us in report["checks"].items()]
+    floor = report["commits"][next(iter(COMMIT_CALLS))]["wall_us"]
+    lines += ["", "| one hop's commit as a worker sends it, with its commit (interleaved rounds) "
+              "| wall (µs) | client CPU (µs) | server CPU (µs) | floor wall ÷ wall |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
+              f"{v['server_cpu_us']:.0f} | {floor / v['wall_us']:.2f} |"
+              for label, v in report["commits"].items()]
     return "\n".join(lines)
 
 

@@ -11,7 +11,9 @@ only loses its own row, and every caller gets its own answer.
 
 When to send, so that batching never costs a lone commit anything:
 
-- nothing in flight: the commit is sent at once, alone (the single-row statement);
+- nothing in flight: the commit is sent at once, alone (the single-row statement, or the
+  leaner statement the caller gave for it alone: a continued hop's ``continue_phase``,
+  migration 0021);
 - a commit statement of this store is in flight: the new one waits for it to finish, or for
   the window (``PHASEGATE_COMMIT_BATCH_WINDOW_MS``) at the latest, and goes with whatever
   else queued up meanwhile.
@@ -52,6 +54,9 @@ MIN_POOL_TO_KEEP = 3
 
 Args: TypeAlias = tuple[Any, ...]
 Result: TypeAlias = "asyncpg.Record | None"
+# A call's own statement and arguments for when it goes alone; its row must carry the columns
+# the single-row statement's does that the caller reads.
+Alone: TypeAlias = "tuple[str, Args] | None"
 
 
 class GroupCommit:
@@ -69,7 +74,7 @@ class GroupCommit:
         self._max_batch = max_batch
         self._size = metrics.GROUP_COMMIT_SIZE.labels(statement=name)
         self._fallbacks = metrics.GROUP_COMMIT_FALLBACKS.labels(statement=name)
-        self._pending: list[tuple[Args, asyncio.Future[Result]]] = []
+        self._pending: list[tuple[Args, asyncio.Future[Result], Alone]] = []
         self._in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
@@ -90,12 +95,14 @@ class GroupCommit:
         """Calls waiting for the next statement (tests wait on it)."""
         return len(self._pending)
 
-    async def commit(self, args: Args) -> Result:
+    async def commit(self, args: Args, alone: Alone = None) -> Result:
         """Run one call (the single-row statement's arguments) in the next statement; its row,
-        or None (a commit superseded, a run that does not exist)."""
+        or None (a commit superseded, a run that does not exist). ``alone``: the statement and
+        arguments to send instead when the call goes by itself (a leaner statement for it;
+        the multi-row statement takes ``args`` like any other)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        self._pending.append((args, future))
+        self._pending.append((args, future, alone))
         if self._in_flight == 0 or len(self._pending) >= self._max_batch:
             self._start_flush()
         elif self._timer is None:
@@ -122,21 +129,23 @@ class GroupCommit:
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _flush(self, batch: list[tuple[Args, asyncio.Future[Result]]]) -> None:
+    async def _flush(self, batch: list[tuple[Args, asyncio.Future[Result], Alone]]) -> None:
         self._size.observe(len(batch))
         try:
             if len(batch) == 1:
+                sql, args = self._alone(batch[0])
                 results: Sequence[Result | BaseException] = [
-                    await self._statement(self._single_sql, batch[0][0], many=False)]
+                    await self._statement(sql, args, many=False)]
             else:
-                results = await self._together([args for args, _ in batch])
+                results = await self._together([args for args, _, _ in batch],
+                                                [alone for _, _, alone in batch])
         except BaseException as exc:
             results = [exc] * len(batch)
         finally:
             self._in_flight -= 1
             if self._pending:
                 self._start_flush()
-        for (_, future), result in zip(batch, results, strict=True):
+        for (_, future, _), result in zip(batch, results, strict=True):
             if future.done():
                 continue
             if isinstance(result, asyncio.CancelledError):  # the loop is going away
@@ -146,7 +155,14 @@ class GroupCommit:
             else:
                 future.set_result(result)
 
-    async def _together(self, batch: list[Args]) -> Sequence[Result | BaseException]:
+    def _alone(self, call: tuple[Args, asyncio.Future[Result], Alone]) -> tuple[str, Args]:
+        args, _, alone = call
+        return alone if alone is not None else (self._single_sql, args)
+
+    async def _together(self, batch: list[Args], alone: Sequence[Alone] = ()
+                        ) -> Sequence[Result | BaseException]:
+        """``batch`` in one multi-row statement; should it fail as a whole, each call alone
+        (in its ``alone`` form when it has one)."""
         # Rows sorted by run so two batches lock shared runs in the same order (duplicates of
         # one message in two workers), which keeps deadlocks rare; one is retried anyway.
         order = sorted(range(len(batch)), key=lambda i: batch[i][0])
@@ -158,10 +174,13 @@ class GroupCommit:
             raise
         except asyncpg.PostgresError:
             self._fallbacks.inc()
-            alone: list[Result | BaseException] = await asyncio.gather(
-                *(self._pool.fetchrow(self._single_sql, *args) for args in batch),
+            forms = list(alone) or [None] * len(batch)
+            statements = [form or (self._single_sql, args)
+                          for args, form in zip(batch, forms, strict=True)]
+            one_by_one: list[Result | BaseException] = await asyncio.gather(
+                *(self._pool.fetchrow(sql, *args) for sql, args in statements),
                 return_exceptions=True)
-            return alone
+            return one_by_one
         self.statements += 1
         won = {order[row["i"] - 1]: row for row in rows}
         return [won.get(i) for i in range(len(batch))]

@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from json.encoder import encode_basestring
 from typing import Any
 
 import asyncpg
@@ -191,6 +192,10 @@ class Store:
         ``lease``: the holder runs the successor itself (local continuation): no outbox row,
         a chain lease on the run's position instead (migration 0020), so no outbox id."""
         successor = commit.successor
+        waits = (commit.wait_s, commit.wait_until, commit.wait_signal) != (None, None, None)
+        if (lease is not None and successor is not None and commit.status == "running"
+                and not waits):
+            return await self._continue_phase(commit, successor, lease)
         if successor is not None and successor_body is None:
             successor_body = successor.to_json()
         args = (commit.workflow_id, commit.branch, commit.seq,
@@ -206,7 +211,6 @@ class Store:
         # statement's alone: commit_phases does not implement it, so those commits never join
         # a group (and commit_phases refuses a row with a wait, which sends its batch to the
         # single-row fallback, should one slip through).
-        waits = (commit.wait_s, commit.wait_until, commit.wait_signal) != (None, None, None)
         if self.group_commit is not None and not waits:
             row = await self.group_commit.commit(args)
         else:
@@ -214,6 +218,38 @@ class Store:
         if row is None or row["committed_at"] is None:
             return None
         return row["committed_at"], row["outbox_id"]
+
+    async def _continue_phase(self, commit: PhaseCommit, successor: Envelope,
+                              lease: Lease) -> tuple[datetime, int | None] | None:
+        """A continued hop's commit: the phase advanced, the run stays running, and the
+        lease's holder runs the successor itself. Alone it is ``continue_phase``, the leaner
+        statement (migration 0021); grouped with other commits it is a row of
+        ``commit_phases`` like any other. No outbox row either way, so the successor is not
+        encoded: its traceparent is all the position keeps of it."""
+        lean = (commit.workflow_id, commit.branch, commit.seq, commit.phase,
+                commit.schema_version, commit.state_json, commit.state_hash, commit.next_phase,
+                commit.tier, commit.tier_label, commit.resource_versions_json,
+                commit.worker_id, commit.trace_id, commit.outcome, commit.rerun_of,
+                commit.error, commit.review_json, lease.holder, lease.seconds,
+                successor.traceparent)
+        if self.group_commit is None:
+            row = await self.pool.fetchrow(self._q["continue_phase"], *lean)
+        else:
+            # commit_phases reads a leased row's successor only for its traceparent.
+            traceparent = successor.traceparent
+            stub = ("{}" if traceparent is None
+                    else '{"traceparent": ' + encode_basestring(traceparent) + "}")
+            args = (commit.workflow_id, commit.branch, commit.seq, commit.phase,
+                    commit.schema_version, commit.state_json, commit.state_hash,
+                    commit.next_phase, commit.status, commit.tier, commit.tier_label,
+                    commit.resource_versions_json, commit.worker_id, commit.trace_id,
+                    successor.dedup_id, successor.group_id, stub, commit.outcome,
+                    commit.rerun_of, commit.error, commit.review_json, None, None, None,
+                    lease.holder, lease.seconds, None)
+            row = await self.group_commit.commit(args, (self._q["continue_phase"], lean))
+        if row is None or row["committed_at"] is None:
+            return None
+        return row["committed_at"], None
 
     async def record_failure(self, workflow_id: str, seq: int, error: str,
                              max_attempts: int, *, phase: str | None = None,

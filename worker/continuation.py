@@ -52,10 +52,9 @@ class ContinuationConfig:
 
 class Pending(NamedTuple):
     """The message of the hop now running locally: committed as a chain lease, never written
-    as an outbox row unless the chain ends before that hop commits."""
+    as an outbox row unless the chain ends before that hop commits (and only then encoded)."""
 
     successor: Envelope
-    body: str
 
 
 @dataclass
@@ -135,7 +134,8 @@ class Leases:
         is leased to this worker until then and the relay sends it). None when the chain was
         no longer this worker's (rescued after its lease ran out)."""
         self.drop(pending)
-        successor, body = pending
+        successor = pending.successor
+        body = successor.to_json()
         lease = Lease(self.lease.holder, delay_s) if delay_s is not None else None
         outbox_id = await self.store.end_chain(successor, body, holder=self.lease.holder,
                                                lease=lease)
@@ -144,14 +144,14 @@ class Leases:
         return OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body)
 
 
-def advance(chain: Chain, leases: Leases, successor: Envelope, body: str,
-            position: RunPosition, commit: PhaseCommit) -> Hop:
+def advance(chain: Chain, leases: Leases, successor: Envelope, position: RunPosition,
+            commit: PhaseCommit) -> Hop:
     """Chain on: the successor (its lease committed with ``commit``) is the next hop's. The run
     row as this worker's commit left it; the state as the next worker would load it (decoded
     from the canonical JSON that was committed, same schema version: same values, same
     types)."""
     chain.hops += 1
-    chain.pending = Pending(successor, body)
+    chain.pending = Pending(successor)
     leases.hold(successor.workflow_id)
     metrics.CONTINUED_HOPS.inc()
     assert commit.next_phase is not None

@@ -362,11 +362,13 @@ class PhaseTransition:
         if envelope.branch != MAIN_BRANCH or (fork is not None and outcome.action == "advance"):
             return await self.branch_commits.commit(envelope, workflow, commit, position, fork,
                                                     started, commit_started)
-        body = successor.to_json() if successor is not None else None  # once: commit and send
         chain = chain or Chain()
         leasing = can_continue(self.continuation, chain, workflow=workflow, envelope=envelope,
                                outcome=outcome, forking=fork is not None,
                                waiting=wait is not None, stopping=self._stopping())
+        # Encoded once, for the commit and the send; a continued hop's successor is encoded
+        # only if its chain ends before it commits (continuation.Leases.end).
+        body = successor.to_json() if successor is not None and not leasing else None
         with tracing.commit_span(envelope) as span:
             result = await self.store.commit_phase(
                 commit, body, lease=self.leases.lease if leasing else None)
@@ -381,13 +383,13 @@ class PhaseTransition:
         self.leases.drop(chain.pending)  # this commit consumed (or ended) its chain lease
         chain.pending = None
         self.faults.hit("after_commit")
-        if leasing and successor is not None and body is not None:
+        if leasing and successor is not None:
             # The commit wrote a chain lease for the successor, not an outbox row.
             if not self._stopping():
                 self._log_phase(envelope, phase_name, started, outcome.label, continued=True)
-                return advance(chain, self.leases, successor, body, position, commit)
+                return advance(chain, self.leases, successor, position, commit)
             # SIGTERM came during the commit: hand off now.
-            await self._hand_off(Pending(successor, body))
+            await self._hand_off(Pending(successor))
         elif successor is not None and body is not None and outbox_id is not None:
             # Sent while the runtime deletes the received message: the hop waits for the
             # longer of the two SQS calls, not their sum.

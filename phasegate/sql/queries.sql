@@ -85,6 +85,18 @@ SELECT * FROM phasegate_commit_phases(
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27);
 
+-- name: continue_phase
+-- A continued hop's commit (local continuation, worker/continuation.py): commit_phase for a
+-- phase that advanced and whose successor this worker runs itself. The run stays `running`;
+-- $18 holds the chain lease on its position for $19 seconds; $20 is the successor's
+-- traceparent. No outbox row, no wait. Returns the checkpoint's time, NULL when the run was
+-- no longer at this seq and running. Sent for a hop that commits alone; grouped hops are rows
+-- of commit_phases (phasegate/store.py). The statement is the server function of that name
+-- (migrations/0021_continued_commit.sql).
+SELECT phasegate_continue_phase(
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20
+) AS committed_at;
+
 -- name: record_failure
 -- A phase raised: count the attempt; at the limit the run is failed with the error kept. The
 -- attempt itself is kept too (0015, phase_attempts: the console's timeline) by this same

@@ -410,43 +410,97 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
                                             ("wf_gl_pending", "running")]
 
 
-async def test_chain_leases_are_written_per_row_in_a_batch(database_url):
-    """Local continuation's commits go grouped: each continued run's position takes a chain
-    lease for its holder and its own seconds, with no outbox row and no outbox id; a plain
-    commit in the same statement writes its row and ends the chain its run held, as
-    commit_phase does for one (migration 0020)."""
+async def test_continued_hops_join_a_group_each_lease_written_per_row(database_url):
+    """Local continuation's commits go grouped with the others in one commit_phases
+    statement: each continued run's position takes a chain lease for its holder and its own
+    seconds, with no outbox row and no outbox id; a stale hop, one of two duplicates and a hop
+    of a cancelled run lose only their own row; a plain commit in the same statement writes
+    its row and ends the chain its run held, as commit_phase does for one (migration 0020).
+    The head hop, sent alone, took the continued hop's own statement (migration 0021) and
+    wrote the same lease."""
     async with grouped_store(database_url) as store:
-        await running(store, "wf_gc_head", "wf_gc_lease_a", "wf_gc_lease_b", "wf_gc_plain")
+        await running(store, "wf_gc_head", "wf_gc_lease_a", "wf_gc_lease_b", "wf_gc_stale",
+                      "wf_gc_dup", "wf_gc_cancelled", "wf_gc_plain")
         # wf_gc_plain's worker was running it locally: its plain commit ends that chain.
         assert await store.commit_phase(commit_of("wf_gc_plain", 0),
                                         lease=Lease("w-old", 600.0)) is not None
+        await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
+                    "WHERE workflow_id = 'wf_gc_cancelled'")
         async with held(database_url, "wf_gc_head"):
-            head = submitted(store, [commit_of("wf_gc_head")])
+            head = asyncio.ensure_future(store.commit_phase(
+                commit_of("wf_gc_head"), lease=Lease("w-a", 600.0)))
             await wait_for(lambda: _waiting(database_url, 1), timeout=30,
-                           what="the head commit waiting on the held row")
-            batch = [
-                asyncio.ensure_future(store.commit_phase(
-                    commit_of("wf_gc_lease_a"), lease=Lease("w-a", 600.0))),
-                asyncio.ensure_future(store.commit_phase(
-                    commit_of("wf_gc_lease_b"), lease=Lease("w-b", 30.0))),
-                asyncio.ensure_future(store.commit_phase(commit_of("wf_gc_plain", 1)))]
-            await until_queued(store, 3)
-        assert await head[0] is not None
-        results = await asyncio.gather(*batch)
+                           what="the head hop waiting on the held row")
+            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=lease))
+                     for commit, lease in (
+                         (commit_of("wf_gc_lease_a"), Lease("w-a", 600.0)),
+                         (commit_of("wf_gc_lease_b"), Lease("w-b", 30.0)),
+                         (commit_of("wf_gc_stale", seq=3), Lease("w-a", 600.0)),
+                         (commit_of("wf_gc_dup"), Lease("w-a", 600.0)),
+                         (commit_of("wf_gc_dup"), Lease("w-b", 600.0)),
+                         (commit_of("wf_gc_cancelled"), Lease("w-a", 600.0)),
+                         (commit_of("wf_gc_plain", 1), None))]
+            await until_queued(store, len(batch))
+        assert await head is not None
+        lease_a, lease_b, stale, dup_a, dup_b, cancelled, plain = await asyncio.gather(*batch)
         assert store.group_commit is not None and store.group_commit.statements == 1
-    assert [r is not None for r in results] == [True, True, True]
-    assert [r[1] is not None for r in results if r is not None] == [False, False, True]
+    assert lease_a is not None and lease_b is not None and lease_a[1] is None
+    assert stale is None and cancelled is None
+    assert [dup_a is None, dup_b is None].count(True) == 1
+    assert plain is not None and plain[1] is not None  # its outbox row, to send
     rows = await fetch(
         database_url, "SELECT workflow_id, seq FROM outbox "
         "WHERE seq > 0 AND workflow_id LIKE 'wf_gc_%' ORDER BY 1")
-    assert [tuple(r) for r in rows] == [("wf_gc_head", 1), ("wf_gc_plain", 2)]
+    assert [tuple(r) for r in rows] == [("wf_gc_plain", 2)]
     chains = await fetch(
         database_url, "SELECT workflow_id, next_seq, chain_holder, "
-        "round(extract(epoch FROM chain_until - updated_at))::int AS lease_s "
-        "FROM run_positions WHERE workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+        "round(extract(epoch FROM chain_until - updated_at))::int AS lease_s, "
+        "chain_traceparent FROM run_positions WHERE workflow_id LIKE 'wf_gc_%' ORDER BY 1")
+    dup_holder = "w-a" if dup_a is not None else "w-b"
+    traceparent = commit_of("wf_gc_head").successor.traceparent  # type: ignore[union-attr]
     assert [tuple(r) for r in chains] == [
-        ("wf_gc_head", 1, None, None), ("wf_gc_lease_a", 1, "w-a", 600),
-        ("wf_gc_lease_b", 1, "w-b", 30), ("wf_gc_plain", 2, None, None)]
+        ("wf_gc_dup", 1, dup_holder, 600, traceparent),
+        ("wf_gc_head", 1, "w-a", 600, traceparent),
+        ("wf_gc_lease_a", 1, "w-a", 600, traceparent),
+        ("wf_gc_lease_b", 1, "w-b", 30, traceparent),
+        ("wf_gc_plain", 2, None, None, None), ("wf_gc_stale", 0, None, None, None)]
+    for workflow_id, seqs in (("wf_gc_dup", [0]), ("wf_gc_stale", []),
+                              ("wf_gc_cancelled", []), ("wf_gc_lease_b", [0])):
+        assert await checkpoints_of(database_url, workflow_id) == seqs
+
+
+async def test_a_call_sent_alone_takes_its_own_statement(database_url):
+    """A call's ``alone`` form (a continued hop's lean statement) is what goes when the call is
+    sent by itself, directly or after a failed multi-row statement; in a batch it is a row of
+    the multi-row statement like any other."""
+    pool = await create_pool(database_url, min_size=1, max_size=4)
+    try:
+        group = GroupCommit(
+            pool, single_sql="SELECT 'single' AS how, $1::int AS n",
+            batch_sql="SELECT i, 'batch' AS how, n FROM unnest($1::int[]) "
+                      "WITH ORDINALITY AS b(n, i) WHERE 1 / n IS NOT NULL",  # n = 0 fails it
+            window_s=HELD_WINDOW_S)
+        lean = ("SELECT 'lean' AS how, $1::int + 100 AS n", (1,))
+        alone = await group.commit((1,), lean)
+        assert alone is not None and (alone["how"], alone["n"]) == ("lean", 101)
+        # Three at once: the first goes alone, the other two together behind it.
+        first, second, third = await asyncio.gather(
+            group.commit((1,), lean), group.commit((2,), ("SELECT 'lean' AS how, 102 AS n",
+                                                          ())),
+            group.commit((3,)))
+        assert first is not None and first["how"] == "lean"
+        assert second is not None and (second["how"], second["n"]) == ("batch", 2)
+        assert third is not None and (third["how"], third["n"]) == ("batch", 3)
+        # A batch that fails as a whole: each call goes alone, in its own form.
+        _, fourth, bad = await asyncio.gather(
+            group.commit((1,)), group.commit((4,), ("SELECT 'lean' AS how, 104 AS n", ())),
+            group.commit((0,)), return_exceptions=True)
+        assert not isinstance(fourth, BaseException) and fourth is not None
+        assert (fourth["how"], fourth["n"]) == ("lean", 104)
+        assert not isinstance(bad, BaseException) and bad is not None
+        assert (bad["how"], bad["n"]) == ("single", 0)
+    finally:
+        await pool.close()
 
 
 async def test_a_commit_with_a_wait_never_joins_a_group(database_url):
