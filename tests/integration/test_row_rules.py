@@ -1,0 +1,120 @@
+"""The rules on run and checkpoint rows (migration 0022: one CHECK per table through a function,
+the triggers' conditions in functions) against real PostgreSQL: every rule the separate CHECKs
+enforced still refuses a bad row, with a check_violation that names the rule and does not echo
+the row; the position trigger still follows every other writer and ignores what it does not
+hold; the slot trigger still frees a slot only when a slot-holding run ends."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from phasegate.envelope import start_message
+from tests.helpers import fetch, fetchval, store_for
+
+INSERT_RUN = ("INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, "
+              "current_phase, schema_version, input, classification, region, "
+              "concurrency_limit, rate_limit, rate_window_s) "
+              "VALUES ($1, 'wf', $2, $3, 'p0', 1, '{\"secret\": \"s3cr3t\"}', $4, $5, $6, $7, $8)")
+GOOD = ("running", 0, "internal", None, None, None, None)
+
+
+@pytest.mark.parametrize(("column", "value", "message"), [
+    (0, "snoozing", '"snoozing" is not a run status'),
+    (1, -1, "next_seq is never below 0"),
+    (2, "top-secret", '"top-secret" is not a classification'),
+    (2, "regulated", "a regulated run needs a region"),
+    (4, 0, "above 0"),
+    (5, 0, "above 0"),
+    (6, 0.0, "above 0"),
+])
+async def test_a_run_row_that_breaks_a_rule_is_refused_by_name(database_url, column, value,
+                                                                message):
+    row = list(GOOD)
+    row[column] = value
+    names = ("status", "next_seq", "classification", "region", "concurrency_limit",
+             "rate_limit", "rate_window_s")
+    connection = await asyncpg.connect(database_url)
+    try:
+        with pytest.raises(asyncpg.CheckViolationError) as refused:
+            await connection.execute(INSERT_RUN, f"rr-bad-{column}-{value}", *row)
+        if names[column] not in ("classification", "region"):  # those are fixed at start
+            # The same rule on an update of a good row.
+            await connection.execute(INSERT_RUN, f"rr-ok-{column}-{value}", *GOOD)
+            with pytest.raises(asyncpg.CheckViolationError) as on_update:
+                await connection.execute(f"UPDATE workflow_runs SET {names[column]} = $2 "
+                                         "WHERE workflow_id = $1", f"rr-ok-{column}-{value}",
+                                         value)
+            assert message in str(on_update.value)
+    finally:
+        await connection.close()
+    assert message in str(refused.value)
+    assert "s3cr3t" not in str(refused.value) and refused.value.detail is None
+
+
+async def test_the_rules_let_every_good_row_through(database_url):
+    connection = await asyncpg.connect(database_url)
+    try:
+        for i, status in enumerate(("pending", "running", "awaiting_review", "completed",
+                                    "failed", "cancelled", "needs_restart", "waiting",
+                                    "queued")):
+            await connection.execute(INSERT_RUN, f"rr-good-{i}", status, i, "public", None,
+                                     None, None, None)
+        await connection.execute(INSERT_RUN, "rr-good-regulated", "running", 0, "regulated",
+                                 "eu", 3, 10, 60.0)
+        await connection.execute(INSERT_RUN, "rr-good-sensitive", "running", 0, "sensitive",
+                                 "us", None, None, None)
+    finally:
+        await connection.close()
+    assert await fetchval(database_url, "SELECT count(*) FROM workflow_runs "
+                          "WHERE workflow_id LIKE 'rr-good-%'") == 11
+
+
+@pytest.mark.parametrize(("kind", "outcome", "message"), [
+    ("sideways", None, '"sideways" is not a checkpoint kind'),
+    ("phase", "maybe", '"maybe" is not a checkpoint outcome'),
+])
+async def test_a_checkpoint_that_breaks_a_rule_is_refused_by_name(database_url, kind, outcome,
+                                                                  message):
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(INSERT_RUN, f"rr-cp-{kind}", *GOOD)
+        with pytest.raises(asyncpg.CheckViolationError) as refused:
+            await connection.execute(
+                "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+                "state, state_hash, worker_id, outcome) VALUES ($1, 'main', 0, 'p0', $2, 1, "
+                "'{\"secret\": \"s3cr3t\"}', 'h', 'w', $3)", f"rr-cp-{kind}", kind, outcome)
+        for seq, (good_kind, good_outcome) in enumerate((
+                ("phase", None), ("phase", "retry"), ("emergency", None),
+                ("discarded", "review"))):
+            await connection.execute(
+                "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+                "state, state_hash, worker_id, outcome) VALUES ($1, 'main', $2, 'p0', $3, 1, "
+                "'{}', 'h', 'w', $4)", f"rr-cp-{kind}", seq, good_kind, good_outcome)
+    finally:
+        await connection.close()
+    assert message in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+async def test_the_position_follows_other_writers_and_ignores_what_it_does_not_hold(
+        database_url):
+    async with store_for(database_url) as store:
+        await store.start_run(workflow_id="rr-pos", workflow="wf", schema_version=1, input={},
+                              first_phase="p0", message=start_message("rr-pos", "wf", {}))
+    before = await fetch(database_url, "SELECT ctid, updated_at FROM run_positions "
+                         "WHERE workflow_id = 'rr-pos'")
+    # A review or an error alone: the position row is not even rewritten.
+    await fetch(database_url, "UPDATE workflow_runs SET review = '{\"x\": 1}', error = 'e' "
+                "WHERE workflow_id = 'rr-pos'")
+    assert await fetch(database_url, "SELECT ctid, updated_at FROM run_positions "
+                       "WHERE workflow_id = 'rr-pos'") == before
+    # An operator moves the run: the position follows; ends it: the position goes.
+    await fetch(database_url, "UPDATE workflow_runs SET next_seq = 4, current_phase = 'p4', "
+                "status = 'running', updated_at = now() WHERE workflow_id = 'rr-pos'")
+    assert tuple((await fetch(database_url, "SELECT status, next_seq, current_phase FROM "
+                              "run_positions WHERE workflow_id = 'rr-pos'"))[0]) == (
+        "running", 4, "p4")
+    await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
+                "WHERE workflow_id = 'rr-pos'")
+    assert await fetchval(database_url, "SELECT count(*) FROM run_positions "
+                          "WHERE workflow_id = 'rr-pos'") == 0
