@@ -2,7 +2,7 @@
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
 
-Three measurements on a private cluster (bench/common.py), each against its own fresh database:
+Five measurements on a private cluster (bench/common.py), each against its own fresh database:
 
 - **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
   one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
@@ -27,6 +27,9 @@ Three measurements on a private cluster (bench/common.py), each against its own 
   Wall time, client CPU and the server process's CPU (``/proc/<pid>/stat``) per call: the
   commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
   built on that statement could reach against the floor at one group.
+- **rules**: both commit functions' continued hops on a database at schema v21 and on one at
+  the newest, in interleaved rounds: what migration 0022 (the row rules as functions, which
+  PostgreSQL no longer re-reads from text in every statement) saves each commit.
 - **checks**: the commit function's continued hops on five databases: one as migrated, one
   whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, one whose written
   tables have their row triggers disabled (the position and slot triggers' WHEN clauses), one
@@ -139,7 +142,8 @@ INSERT INTO runs_bare SELECT * FROM workflow_runs;
 """
 
 
-async def fresh_database(server: str) -> str:
+async def fresh_database(server: str, target: int | None = None) -> str:
+    """A new database, migrated to ``target`` (default: the newest schema)."""
     admin = await asyncpg.connect(server)
     try:
         name = f"stmt_{uuid.uuid4().hex[:10]}"
@@ -147,7 +151,7 @@ async def fresh_database(server: str) -> str:
     finally:
         await admin.close()
     dsn = with_database(server, name)
-    await migrate(dsn)
+    await migrate(dsn, target=target)
     return dsn
 
 
@@ -275,6 +279,38 @@ async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
     return found
 
 
+# The schema before migration 0022 (its row rules re-read from text by every statement).
+RULES_BEFORE = 21
+
+
+async def rules(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
+    """The two commit functions' continued hops on a database at schema v21 and on one at the
+    newest, in interleaved rounds: what migration 0022's row rules save each commit."""
+    databases = {}
+    for schema, target in ((f"v{RULES_BEFORE}", RULES_BEFORE), ("newest", None)):
+        dsn = await fresh_database(server_dsn, target)
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(SETUP)
+        finally:
+            await connection.close()
+        databases[schema] = dsn
+    found: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for statement in (COMMIT_HOP, CONTINUE_HOP):
+            for schema, dsn in databases.items():
+                connection = await asyncpg.connect(dsn)
+                try:
+                    await connection.execute(BACK_TO_SEQ_0)
+                    for table in ("workflow_runs", "run_positions", "checkpoints", "outbox"):
+                        await connection.execute(f"VACUUM {table}")
+                finally:
+                    await connection.close()
+                found.setdefault(f"{statement}, schema {schema}", []).append(
+                    await _hops(dsn, SERVER_STATEMENTS[statement], phases))
+    return found
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
     """The commit function's continued hop with and without the CHECK constraints, and with
     and without the triggers of the tables it writes (the foreign keys' among them)."""
@@ -333,6 +369,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                       **await through_pool(dsn, args.calls)},
                            "server": await server(dsn, args.phases)})
         check_rounds = await checks(cluster.dsn, args.phases, args.check_rounds)
+        rule_rounds = await rules(cluster.dsn, args.phases, args.check_rounds)
         dsn = await fresh_database(cluster.dsn)
         setup = await asyncpg.connect(dsn)
         try:
@@ -352,6 +389,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "rounds": rounds, "driver": driver_med, "server": server_med,
             "checks_rounds": check_rounds,
             "checks": {label: statistics.median(v) for label, v in check_rounds.items()},
+            "rules_rounds": rule_rounds,
+            "rules": {label: statistics.median(v) for label, v in rule_rounds.items()},
             "commits_rounds": commit_rounds,
             "commits": {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
                         for label, v in commit_rounds.items()}}
@@ -367,6 +406,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| {label} | {us:.0f} |" for label, us in report["server"].items()]
     lines += ["", f"| {COMMIT_HOP}, interleaved rounds | µs (median) |", "|---|---:|"]
     lines += [f"| {label} | {us:.0f} |" for label, us in report["checks"].items()]
+    lines += ["", "| a continued hop inside the server, by schema (interleaved rounds) "
+              "| µs (median) |", "|---|---:|"]
+    lines += [f"| {label} | {us:.0f} |" for label, us in report["rules"].items()]
     floor = report["commits"][next(iter(COMMIT_CALLS))]["wall_us"]
     lines += ["", "| one hop's commit as a worker sends it, with its commit (interleaved rounds) "
               "| wall (µs) | client CPU (µs) | server CPU (µs) | floor wall ÷ wall |",

@@ -10,6 +10,8 @@ import asyncpg
 import pytest
 
 from phasegate.envelope import start_message
+from phasegate.migrate import migrate
+from phasegate.sql import migration_files
 from tests.helpers import fetch, fetchval, store_for
 
 INSERT_RUN = ("INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, "
@@ -118,3 +120,34 @@ async def test_the_position_follows_other_writers_and_ignores_what_it_does_not_h
                 "WHERE workflow_id = 'rr-pos'")
     assert await fetchval(database_url, "SELECT count(*) FROM run_positions "
                           "WHERE workflow_id = 'rr-pos'") == 0
+
+
+async def test_the_migration_on_a_populated_database_twice(empty_database_url):
+    """Runs and checkpoints written at v21 stay; the old CHECKs are gone and the new ones
+    enforce the same rules; the same file again changes nothing and fails nothing."""
+    await migrate(empty_database_url, target=21)
+    connection = await asyncpg.connect(empty_database_url)
+    try:
+        await connection.executemany(INSERT_RUN, [
+            ("rr-m-a", "running", 3, "internal", None, None, None, None),
+            ("rr-m-b", "waiting", 0, "regulated", "eu", 2, 5, 1.5)])
+        await connection.execute(
+            "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+            "state, state_hash, worker_id, outcome) VALUES ('rr-m-a', 'main', 2, 'p2', 'phase', "
+            "1, '{}', 'h', 'w', 'retry')")
+        report = await migrate(empty_database_url, target=22)
+        assert report.applied == ["0022_cheap_row_checks"]
+        sql = next(text for version, _, text in migration_files() if version == 22)
+        async with connection.transaction():
+            await connection.execute(sql)
+        checks = {r["conname"] for r in await connection.fetch(
+            "SELECT conname FROM pg_constraint WHERE contype = 'c' AND conrelid IN "
+            "('workflow_runs'::regclass, 'checkpoints'::regclass)")}
+        assert checks == {"workflow_runs_row_valid", "checkpoints_row_valid"}
+        assert await connection.fetchval("SELECT count(*) FROM workflow_runs") == 2
+        assert await connection.fetchval("SELECT count(*) FROM checkpoints") == 1
+        with pytest.raises(asyncpg.CheckViolationError):
+            await connection.execute("UPDATE workflow_runs SET status = 'snoozing' "
+                                     "WHERE workflow_id = 'rr-m-a'")
+    finally:
+        await connection.close()
