@@ -3,10 +3,13 @@
     python -m bench.lean_commit            # 0017's dropped indexes back, and the newest schema
     python -m bench.lean_commit --runs 16 --phases 100 --schemas after --paths group
     python -m bench.lean_commit --schemas v19,after --paths continued   # migration 0020
+    python -m bench.lean_commit --schemas after --paths continued,group --input-bytes 1000
 
 The ``continued`` path is local continuation's: each commit leases the successor to the
 worker and spends the row of the hop it ran (schema v19: a leased outbox row, written and
-deleted again; from v20 a chain lease on the run's position and no row), nothing marked sent.
+deleted again; from v20 a chain lease on the run's position and no row), nothing marked sent;
+from v21 each hop alone through its own statement (``continue_phase``), and with
+``continued-group`` every run's hop of a round in one ``commit_phases``.
 
 Runs plain transitions (a phase that advances: checkpoint, run position, successor row, then
 the successor marked sent) through phasegate's own commit path, ``Store.commit_phase``: the
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import time
 import uuid
@@ -39,7 +43,7 @@ from bench.workload import PAYLOAD
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.migrate import migrate
 from phasegate.sql import queries
-from phasegate.store import PhaseCommit, Store, create_pool
+from phasegate.store import Lease, PhaseCommit, Store, create_pool
 
 # What 0017 dropped, as 0003 created it: the indexes that named columns a commit changes.
 BLOCKING_INDEXES = (
@@ -95,11 +99,18 @@ def plain_commit(workflow_id: str, seq: int) -> PhaseCommit:
         successor=phase_message(workflow_id, WORKFLOW, seq + 1, f"p{seq + 1}"))
 
 
-async def seed(pool: asyncpg.Pool, ids: list[str]) -> None:
+def run_input(size: int) -> str:
+    """A run's input of about ``size`` bytes of JSON (random hex: it does not compress)."""
+    if size <= len('{"n": 0}'):
+        return '{"n": 0}'
+    return canonical_json({"n": 0, "doc": secrets.token_hex(size // 2)[:size - 20]})
+
+
+async def seed(pool: asyncpg.Pool, ids: list[str], input_json: str = '{"n": 0}') -> None:
     """Each run created by its start and claimed (pending -> running), as a worker does."""
     q = queries()
     for workflow_id in ids:
-        await pool.execute(q["ensure_run"], workflow_id, WORKFLOW, 1, '{"n": 0}', "p0",
+        await pool.execute(q["ensure_run"], workflow_id, WORKFLOW, 1, input_json, "p0",
                            "internal", None)
         await pool.fetchrow(q["load_for_phase"], workflow_id, "main", 0)
 
@@ -170,12 +181,25 @@ async def run_row(connection: asyncpg.Connection, workflow_id: str) -> dict[str,
 
 async def continued_hops(store: Store, ids: list[str], phases: int,
                          admin: asyncpg.Connection) -> dict[str, int]:
-    """``phases`` rounds of continued hops, one commit at a time: each leases its successor
-    to the worker and spends the row the previous hop was given, if any (schema v19; from v20
-    the commit returns no row). Called as the worker's commit is (queries.sql commit_phase),
-    with the spent row's id, which the worker no longer passes."""
+    """``phases`` rounds of continued hops: each leases its successor to the worker. From
+    schema v21 through the worker's own path (``Store.commit_phase`` with a lease: a hop alone
+    is ``continue_phase``; under group commit, every run's hop of a round goes at once, rows of
+    ``commit_phases``). Before, one at a time, as a worker of that release committed
+    (queries.sql commit_phase), spending the row the previous hop was given, if any (schema
+    v19; from v20 the commit returns no row)."""
     q = queries()
     wal = {"commit": 0, "mark_sent": 0, "won": 0}
+    if await admin.fetchval("SELECT to_regproc('phasegate_continue_phase') IS NOT NULL"):
+        lease = Lease("bench-lean", 600.0)
+        for seq in range(phases):
+            start = await lsn(admin)
+            results = await asyncio.gather(*(
+                store.commit_phase(plain_commit(workflow_id, seq), lease=lease)
+                for workflow_id in ids))
+            assert all(result is not None for result in results)
+            wal["won"] += len(results)
+            wal["commit"] += await wal_since(admin, start)
+        return wal
     spent: dict[str, int | None] = dict.fromkeys(ids)
     for seq in range(phases):
         start = await lsn(admin)
@@ -217,8 +241,9 @@ async def transitions(store: Store, ids: list[str], phases: int, grouped: bool,
 
 
 async def measure(dsn: str, *, runs: int, phases: int, grouped: bool,
-                  continued: bool = False) -> dict[str, Any]:
-    """``runs`` x ``phases`` plain transitions on the (fresh, migrated) database at ``dsn``."""
+                  continued: bool = False, input_bytes: int = 0) -> dict[str, Any]:
+    """``runs`` x ``phases`` plain transitions on the (fresh, migrated) database at ``dsn``,
+    each run with an input of about ``input_bytes`` bytes (0: a few)."""
     prefix = uuid.uuid4().hex[:8]
     ids = [f"lean-{prefix}-{i:03d}" for i in range(runs)]
     admin = await asyncpg.connect(dsn)
@@ -227,7 +252,7 @@ async def measure(dsn: str, *, runs: int, phases: int, grouped: bool,
     store = Store(pool, commit_window_s=GROUP_WINDOW_S if grouped else 0.0)
     try:
         base = (await table_stats(admin)).get("workflow_runs", {}).get("updates", 0)
-        await seed(pool, ids)
+        await seed(pool, ids, run_input(input_bytes))
         await pool.execute("SELECT pg_stat_force_next_flush()")
         before = await stats_reaching(admin, base + runs)
         first = await run_row(admin, ids[0])
@@ -253,7 +278,8 @@ async def measure(dsn: str, *, runs: int, phases: int, grouped: bool,
         tables[table] = {"updates": updates, "hot_updates": hot,
                          "hot_ratio": round(hot / updates, 3) if updates else None}
     return {
-        "runs": runs, "phases": phases, "transitions": count, "committed": wal["won"],
+        "runs": runs, "phases": phases, "input_bytes": input_bytes, "transitions": count,
+        "committed": wal["won"],
         "grouped_statements": statements,
         "wal_bytes_per_transition": {
             "commit": round(wal["commit"] / count), "mark_sent": round(wal["mark_sent"] / count),
@@ -291,8 +317,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         else:
                             await migrate(dsn)
                         figures = await measure(dsn, runs=args.runs, phases=args.phases,
-                                                grouped=path == "group",
-                                                continued=path == "continued")
+                                                grouped=path in ("group", "continued-group"),
+                                                continued=path.startswith("continued"),
+                                                input_bytes=args.input_bytes)
                     finally:
                         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                     results.append({"schema": schema, "path": path, **figures})
@@ -345,9 +372,13 @@ def main() -> None:
                         help="before (the indexes 0017 dropped put back), after (all), "
                         "vN (migrated up to N)")
     parser.add_argument("--paths", default="single,group",
-                        help="single, group, continued (local continuation's hops)")
+                        help="single, group, continued (local continuation's hops, one at a "
+                             "time), continued-group (every run's hop of a round at once)")
     parser.add_argument("--dsn", help="a server DSN instead of a private cluster (WAL then "
                         "includes other clients' writes)")
+    parser.add_argument("--input-bytes", type=int, default=0,
+                        help="each run's input, about this many bytes of JSON (default: a few; "
+                             "the transitions benchmark's runs carry ~1 KB)")
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     report = asyncio.run(bench(args))

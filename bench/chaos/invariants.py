@@ -15,6 +15,8 @@ I8 (``--branching``) every chaos-tree run has exactly its 7 chains' checkpoints,
    forks fanned in once (one merge message, on the fork's parent chain) and saw every leaf.
 I9 every run that has not ended has its position (run_positions, migration 0017) equal to its
    run row, and no other run has one: the stall report and the relay see the runs as they are.
+   updated_at is the position's own during a local chain (migration 0021: a continued hop
+   moves only the position's), so there the position's is never older than the run row's.
 
 I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """
@@ -231,9 +233,10 @@ SELECT coalesce(r.workflow_id, p.workflow_id) AS workflow_id
   FROM (SELECT * FROM workflow_runs
          WHERE status NOT IN ('completed', 'failed', 'cancelled')) r
   FULL JOIN run_positions p USING (workflow_id)
- WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label, r.updated_at)
+ WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label)
        IS DISTINCT FROM
-       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label, p.updated_at)
+       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label)
+    OR NOT coalesce(p.updated_at >= r.updated_at, false)
 """
 
 

@@ -4,18 +4,25 @@
 -- cleanly and nothing is half-done.
 
 -- name: get_run
+-- updated_at: the run's last move. A continued hop (local continuation, migration 0021) moves
+-- only the position's updated_at, so a live run's is the later of the two.
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
-       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
-       classification, region, due_at, waiting_for
+       schema_version, tier, tier_label, attempts, error, created_at,
+       greatest(updated_at, (SELECT p.updated_at FROM run_positions p
+                              WHERE p.workflow_id = workflow_runs.workflow_id)) AS updated_at,
+       finished_at, classification, region, due_at, waiting_for
   FROM workflow_runs
  WHERE workflow_id = $1;
 
 -- name: list_runs
 -- Newest first, keyset-paginated on (created_at, workflow_id). `/*filters*/` is replaced by
 -- fixed `AND column = $n` fragments (never by request text); see orchestrator/views.py.
+-- updated_at as in get_run.
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
-       schema_version, tier, tier_label, attempts, error, created_at, updated_at, finished_at,
-       classification, region, due_at, waiting_for
+       schema_version, tier, tier_label, attempts, error, created_at,
+       greatest(updated_at, (SELECT p.updated_at FROM run_positions p
+                              WHERE p.workflow_id = workflow_runs.workflow_id)) AS updated_at,
+       finished_at, classification, region, due_at, waiting_for
   FROM workflow_runs
  WHERE true /*filters*/
  ORDER BY created_at DESC, workflow_id DESC

@@ -1,7 +1,7 @@
 """A continued hop's own commit statement (migration 0021, ``continue_phase``) against real
-PostgreSQL: it writes exactly what the general commit writes for a continued hop (run row,
-position and chain lease, checkpoint), loses its row the same way (stale, duplicate,
-cancelled), and only the worker role may call it."""
+PostgreSQL: it writes what the general commit writes for a continued hop (run row, position
+and chain lease, checkpoint; the run row's updated_at left to the position), loses its row the
+same way (stale, duplicate, cancelled), and only the worker role may call it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
 from phasegate.sql import queries
 from phasegate.store import Lease, PhaseCommit, Store, create_pool
-from tests.helpers import fetch, store_for
+from tests.helpers import fetch, fetchval, store_for
 from tests.integration.test_access import denied, login_user
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -163,3 +163,37 @@ async def test_only_the_worker_role_may_commit_a_continued_hop(database_url):
             await pool.close()
     assert (await written(database_url, "cc-role"))[0][1] == 1
     assert (await written(database_url, "cc-denied"))[0][1] == 0
+
+
+async def test_a_chain_moves_the_positions_updated_at_which_the_api_and_stalls_read(
+        database_url):
+    """A continued hop leaves the run row's updated_at (so the row's WAL record stops before
+    the run's input) and moves the position's: the API's run and run list show the later of
+    the two, and the stall report, which reads the position, does not see a stall."""
+    control = queries("control.sql")
+    async with store_for(database_url) as store:
+        await started(store, "cc-time")
+        # The run last moved an hour ago; then its worker runs three hops locally.
+        await fetch(database_url, "UPDATE workflow_runs SET updated_at = now() - interval "
+                    "'1 hour' WHERE workflow_id = 'cc-time'")
+        for seq in range(3):
+            assert await store.commit_phase(hop("cc-time", seq),
+                                            lease=Lease("w-1", 600.0)) is not None
+        run_at = await fetchval(database_url, "SELECT updated_at FROM workflow_runs "
+                                "WHERE workflow_id = 'cc-time'")
+        position_at = await fetchval(database_url, "SELECT updated_at FROM run_positions "
+                                     "WHERE workflow_id = 'cc-time'")
+        fresh = await fetchval(database_url, "SELECT now() - interval '1 minute'")
+        assert run_at < fresh < position_at
+        shown = await store.pool.fetchrow(control["get_run"], "cc-time")
+        assert shown["updated_at"] == position_at and shown["next_seq"] == 3
+        listed = await store.pool.fetch(
+            control["list_runs"].replace("/*filters*/", "AND workflow_id = $2"), 10, "cc-time")
+        assert [row["updated_at"] for row in listed] == [position_at]
+        stalls = await store.pool.fetch(control["stalls"], 60.0, 10)
+        assert [row for row in stalls if row["phase"] == "p3"] == []
+        # The chain hands off through SQS: the general commit moves both again.
+        assert await store.commit_phase(hop("cc-time", 3)) is not None
+        assert await fetchval(database_url, "SELECT r.updated_at = p.updated_at FROM "
+                              "workflow_runs r JOIN run_positions p USING (workflow_id) "
+                              "WHERE workflow_id = 'cc-time'") is True

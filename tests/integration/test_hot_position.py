@@ -18,16 +18,18 @@ from tests.integration.test_group_commit import commit_of, running
 
 ENDED = ("completed", "failed", "cancelled")
 # Every run that has not ended, as its position should read; and any position that has no
-# such run or differs from it.
+# such run or differs from it. updated_at: equal, except that a continued hop (migration 0021)
+# moves only the position's, so the position's is never older.
 DISAGREEMENTS = """
 SELECT coalesce(r.workflow_id, p.workflow_id) AS workflow_id
   FROM (SELECT workflow_id, workflow, status, next_seq, current_phase, tier, tier_label,
                updated_at
           FROM workflow_runs WHERE status NOT IN ('completed', 'failed', 'cancelled')) r
   FULL JOIN run_positions p USING (workflow_id)
- WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label, r.updated_at)
+ WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label)
        IS DISTINCT FROM
-       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label, p.updated_at)
+       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label)
+    OR NOT coalesce(p.updated_at >= r.updated_at, false)
 """
 
 
