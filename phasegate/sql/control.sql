@@ -4,8 +4,8 @@
 -- cleanly and nothing is half-done.
 
 -- name: get_run
--- updated_at: the run's last move. A continued hop (local continuation, migration 0021) moves
--- only the position's updated_at, so a live run's is the later of the two.
+-- updated_at: the run's last move. A commit that leaves its run running moves only the
+-- position's updated_at (migrations 0021, 0023), so a live run's is the later of the two.
 SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
        schema_version, tier, tier_label, attempts, error, created_at,
        greatest(updated_at, (SELECT p.updated_at FROM run_positions p
@@ -46,7 +46,7 @@ SELECT action_id, action, from_status, seq, epoch, reason, actor, created_at
 
 -- name: stalls
 -- Unfinished runs untouched for longer than $1 seconds, by workflow x phase x tier x status.
--- Every checkpoint commit touches the run row (updated_at), so "untouched" means no
+-- Every checkpoint commit touches the run's position (updated_at), so "untouched" means no
 -- checkpoint, no failed attempt and no operator action in that time. Read from
 -- run_positions (0017: the runs that have not ended, kept equal to their run rows), scanned
 -- whole: no index on updated_at, so the commit's update of the run row stays HOT.

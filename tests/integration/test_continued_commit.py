@@ -167,9 +167,10 @@ async def test_only_the_worker_role_may_commit_a_continued_hop(database_url):
 
 async def test_a_chain_moves_the_positions_updated_at_which_the_api_and_stalls_read(
         database_url):
-    """A continued hop leaves the run row's updated_at (so the row's WAL record stops before
-    the run's input) and moves the position's: the API's run and run list show the later of
-    the two, and the stall report, which reads the position, does not see a stall."""
+    """A commit that leaves its run running (a continued hop, 0021; a plain one, 0023) leaves
+    the run row's updated_at (so the row's WAL record stops before the run's input) and moves
+    the position's: the API's run and run list show the later of the two, and the stall
+    report, which reads the position, does not see a stall. The run's end moves the row's."""
     control = queries("control.sql")
     async with store_for(database_url) as store:
         await started(store, "cc-time")
@@ -192,8 +193,12 @@ async def test_a_chain_moves_the_positions_updated_at_which_the_api_and_stalls_r
         assert [row["updated_at"] for row in listed] == [position_at]
         stalls = await store.pool.fetch(control["stalls"], 60.0, 10)
         assert [row for row in stalls if row["phase"] == "p3"] == []
-        # The chain hands off through SQS: the general commit moves both again.
+        # The chain hands off through SQS: the general commit leaves the run running, and
+        # the run row's updated_at too (migration 0023); the run's end moves it.
         assert await store.commit_phase(hop("cc-time", 3)) is not None
-        assert await fetchval(database_url, "SELECT r.updated_at = p.updated_at FROM "
-                              "workflow_runs r JOIN run_positions p USING (workflow_id) "
-                              "WHERE workflow_id = 'cc-time'") is True
+        assert await fetchval(database_url, "SELECT updated_at FROM workflow_runs "
+                              "WHERE workflow_id = 'cc-time'") == run_at
+        assert await store.commit_phase(hop("cc-time", 4, status="completed", next_phase=None,
+                                            successor=None)) is not None
+        assert await fetchval(database_url, "SELECT updated_at FROM workflow_runs "
+                              "WHERE workflow_id = 'cc-time'") > fresh

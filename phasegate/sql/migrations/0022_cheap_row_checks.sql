@@ -86,7 +86,8 @@ ALTER TABLE checkpoints ADD CONSTRAINT checkpoints_row_valid
 ALTER TABLE checkpoints DROP CONSTRAINT IF EXISTS checkpoints_kind_check,
     DROP CONSTRAINT IF EXISTS checkpoints_outcome_check;
 
--- The position trigger: 0020's function, which now compares what its WHEN clause compared.
+-- The position trigger: 0020's function, which now compares what its WHEN clause compared
+-- (and keeps the position's updated_at from going back: 0023).
 CREATE OR REPLACE FUNCTION phasegate_track_position() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -103,10 +104,12 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
+    -- The position's updated_at never goes back: a plain commit moves only the position's
+    -- (0023), so a writer that leaves the run row's as it was must not undo that.
     UPDATE public.run_positions p
        SET workflow = NEW.workflow, status = NEW.status, next_seq = NEW.next_seq,
            current_phase = NEW.current_phase, tier = NEW.tier, tier_label = NEW.tier_label,
-           updated_at = NEW.updated_at,
+           updated_at = greatest(p.updated_at, NEW.updated_at),
            chain_holder = CASE WHEN p.next_seq = NEW.next_seq AND NEW.status = 'running'
                                THEN p.chain_holder END,
            chain_until = CASE WHEN p.next_seq = NEW.next_seq AND NEW.status = 'running'
