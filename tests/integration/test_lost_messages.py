@@ -36,6 +36,10 @@ IDLE_BRANCHES = ("UPDATE branches SET updated_at = now() - interval '10 minutes'
                  "WHERE workflow_id = $1")
 IDLE_RUN = ("UPDATE workflow_runs SET updated_at = now() - interval '10 minutes' "
             "WHERE workflow_id = $1")
+# The relay reads a run's last move from its position, whose time never goes back by itself
+# (migration 0022): a run idle for 10 minutes has both.
+IDLE_POSITION = ("UPDATE run_positions SET updated_at = now() - interval '10 minutes' "
+                 "WHERE workflow_id = $1")
 
 
 async def forked(store: Store, workflow_id: str) -> ForkPlan:
@@ -76,6 +80,7 @@ async def test_a_lost_main_message_is_sent_again(settings):
         await started_run(store, pair, "lost-main", "fork", {"x": 1})
         await fetch(settings.database_url, LOST, "lost-main")
         await fetch(settings.database_url, IDLE_RUN, "lost-main")
+        await fetch(settings.database_url, IDLE_POSITION, "lost-main")
         relay = Relay(store=store, queue=queue, after_s=0, stall_after_s=STALL_S)
         assert await relay.requeue_stalled() == 1
         await relay.relay_once()
