@@ -91,12 +91,16 @@ class Injector:
 
     async def restart(self, slot: int) -> None:
         """A rolling restart of one worker (a SIGTERM drain), so its successor is armed with
-        the next queued kill point; used after the fault window (``Fleet.end_window``)."""
+        the next queued kill point; used after the fault window (``Fleet.end_window``). The
+        successor starts at once, beside the draining worker (a Deployment's surge): started
+        after the drain, it could find the last runs already held by the others' chains, and
+        its point would never fire (I6)."""
         self.run.last_fault = time.monotonic()
         async with self.slot_locks[slot]:
-            await self._end_worker("sigterm_worker", slot, self.fleet)
+            await self._end_worker("sigterm_worker", slot, self.fleet, surge=True)
 
-    async def _end_worker(self, kind: str, slot: int, fleet: Fleet) -> None:
+    async def _end_worker(self, kind: str, slot: int, fleet: Fleet, *,
+                          surge: bool = False) -> None:
         if kind == "sigkill_worker":
             worker = fleet.signal_worker(slot, signal.SIGKILL)
             await asyncio.to_thread(worker.process.wait)
@@ -109,6 +113,8 @@ class Injector:
         # nothing can turn a SIGTERM there into a clean stop; from then on it must be one.
         await self._until_age(fleet, slot, INTERPRETER_START_S)
         worker = fleet.signal_worker(slot, signal.SIGTERM)
+        if surge:
+            fleet.start_worker(slot)
         signalled = time.monotonic()
         try:
             # Kubernetes SIGKILLs at terminationGracePeriodSeconds, which the chart requires to
@@ -122,7 +128,8 @@ class Injector:
                          f"{SHUTDOWN_GRACE_S + SHUTDOWN_MARGIN_S:g}s, killed as Kubernetes would")
         self.run.drain_seconds.append(round(time.monotonic() - signalled, 2))
         fleet.retire(worker, code)
-        fleet.start_worker(slot)
+        if not surge:
+            fleet.start_worker(slot)
         if code == -signal.SIGKILL and FAULT_LINE.search(worker.log.read_text(errors="replace")):
             # Its armed kill point fired while it drained: a kill (counted from its log).
             self.run.say(f"SIGTERM worker {slot}.{worker.incarnation}: its kill point fired "
