@@ -250,11 +250,9 @@ async def _calls(dsn: str, label: str, phases: int) -> dict[str, float]:
     """Per call of ``label``'s statement, RUNS x phases calls from seq 0: wall, client CPU and
     the server process's CPU, µs (clock ticks, so a run lasts long enough to count them)."""
     sql, make_args = COMMIT_CALLS[label]
+    await _from_seq_0(dsn)
     connection = await connect(dsn)
     try:
-        await connection.execute(BACK_TO_SEQ_0 + "; DELETE FROM bench_floor")
-        for table in ("workflow_runs", "run_positions", "checkpoints", "outbox", "bench_floor"):
-            await connection.execute(f"VACUUM {table}")
         pid = connection.get_server_pid()
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
         for s in range(phases):
@@ -279,6 +277,18 @@ async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
     return found
 
 
+async def _from_seq_0(dsn: str) -> None:
+    """Every run back at seq 0, no checkpoint, no outbox or floor row, the written tables
+    vacuumed: each round starts from the same pages."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(BACK_TO_SEQ_0 + "; DELETE FROM bench_floor")
+        for table in ("workflow_runs", "run_positions", "checkpoints", "outbox", "bench_floor"):
+            await connection.execute(f"VACUUM {table}")
+    finally:
+        await connection.close()
+
+
 # The schema before migration 0022 (its row rules re-read from text by every statement).
 RULES_BEFORE = 21
 
@@ -299,13 +309,7 @@ async def rules(server_dsn: str, phases: int, rounds: int) -> dict[str, list[flo
     for _ in range(rounds):
         for statement in (COMMIT_HOP, CONTINUE_HOP):
             for schema, dsn in databases.items():
-                connection = await asyncpg.connect(dsn)
-                try:
-                    await connection.execute(BACK_TO_SEQ_0)
-                    for table in ("workflow_runs", "run_positions", "checkpoints", "outbox"):
-                        await connection.execute(f"VACUUM {table}")
-                finally:
-                    await connection.close()
+                await _from_seq_0(dsn)
                 found.setdefault(f"{statement}, schema {schema}", []).append(
                     await _hops(dsn, SERVER_STATEMENTS[statement], phases))
     return found
@@ -328,13 +332,7 @@ async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[fl
     found: dict[str, list[float]] = {label: [] for label in databases}
     for _ in range(rounds):
         for label, dsn in databases.items():
-            connection = await asyncpg.connect(dsn)
-            try:
-                await connection.execute(BACK_TO_SEQ_0)
-                for table in ("workflow_runs", "run_positions", "checkpoints", "outbox"):
-                    await connection.execute(f"VACUUM {table}")
-            finally:
-                await connection.close()
+            await _from_seq_0(dsn)
             found[label].append(await _hops(dsn, SERVER_STATEMENTS[COMMIT_HOP], phases))
     return found
 

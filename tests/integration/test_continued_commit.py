@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
+from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.sql import queries
 from phasegate.store import Lease, PhaseCommit, Store, create_pool
 from tests.helpers import fetch, fetchval, store_for
 from tests.integration.test_access import denied, login_user
+from tests.integration.test_group_commit import running
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 RUN_COLUMNS = ("status, next_seq, current_phase, attempts, error, due_at, waiting_for, tier, "
@@ -35,14 +36,6 @@ def hop(workflow_id: str, seq: int = 0, **fields: Any) -> PhaseCommit:
         successor=phase_message(workflow_id, "wf", seq + 1, f"p{seq + 1}",
                                 traceparent=TRACEPARENT))
     return replace(commit, **fields)
-
-
-async def started(store: Store, *workflow_ids: str) -> None:
-    for workflow_id in workflow_ids:
-        await store.start_run(workflow_id=workflow_id, workflow="wf", schema_version=1,
-                              input={}, first_phase="p0",
-                              message=start_message(workflow_id, "wf", {}))
-        assert await store.load_for_phase(workflow_id) is not None  # pending -> running
 
 
 async def general_commit(store: Store, commit: PhaseCommit, lease: Lease) -> Any:
@@ -84,7 +77,7 @@ async def test_a_continued_hop_writes_what_the_general_commit_writes(database_ur
     lease = Lease("w-1", 600.0)
     async with store_for(database_url) as store:
         assert store.group_commit is None  # each hop alone: the lean statement itself
-        await started(store, "cc-lean", "cc-general")
+        await running(store, "cc-lean", "cc-general")
         for seq in range(2):
             lean = await store.commit_phase(hop("cc-lean", seq, **fields), lease=lease)
             assert lean is not None and lean[1] is None  # committed, no outbox row
@@ -104,7 +97,7 @@ async def test_a_stale_duplicate_or_cancelled_hop_commits_nothing(database_url):
     hop, and a hop of a run cancelled meanwhile get None back and write nothing."""
     lease = Lease("w-1", 600.0)
     async with store_for(database_url) as store:
-        await started(store, "cc-stale", "cc-dup", "cc-cancelled")
+        await running(store, "cc-stale", "cc-dup", "cc-cancelled")
         assert await store.commit_phase(hop("cc-stale", 3), lease=lease) is None
         assert await store.commit_phase(hop("cc-dup"), lease=lease) is not None
         assert await store.commit_phase(hop("cc-dup"), lease=Lease("w-2", 600.0)) is None
@@ -124,7 +117,7 @@ async def test_a_hop_that_does_not_continue_takes_the_general_statement(database
     """Only a running, leased hop with a successor and no wait is a continued hop: a commit
     that ends the run, one that waits, and one without a lease go through commit_phase."""
     async with store_for(database_url) as store:
-        await started(store, "cc-done", "cc-wait", "cc-plain")
+        await running(store, "cc-done", "cc-wait", "cc-plain")
         done = await store.commit_phase(
             hop("cc-done", status="completed", next_phase=None, successor=None),
             lease=Lease("w-1", 600.0))
@@ -142,7 +135,7 @@ async def test_only_the_worker_role_may_commit_a_continued_hop(database_url):
     """continue_phase runs with its owner's rights (it writes the position): the worker role
     may call it, the orchestrator's may not."""
     async with store_for(database_url) as store:
-        await started(store, "cc-role", "cc-denied")
+        await running(store, "cc-role", "cc-denied")
     async with login_user(database_url, "phasegate_worker") as dsn:
         pool = await create_pool(dsn, min_size=1, max_size=1)
         try:
@@ -173,7 +166,7 @@ async def test_a_chain_moves_the_positions_updated_at_which_the_api_and_stalls_r
     report, which reads the position, does not see a stall. The run's end moves the row's."""
     control = queries("control.sql")
     async with store_for(database_url) as store:
-        await started(store, "cc-time")
+        await running(store, "cc-time")
         # The run last moved an hour ago; then its worker runs three hops locally.
         await fetch(database_url, "UPDATE workflow_runs SET updated_at = now() - interval "
                     "'1 hour' WHERE workflow_id = 'cc-time'")
