@@ -8,6 +8,11 @@ per-phase log line (production JSON pipeline, run ids bound as context variables
 /dev/null), building the successor envelope (validated, or copied from the received one) and
 one JSON encoding of it. Run it in two checkouts to compare
 them; the machine's load shows as noise, so run each a few times, alternating.
+
+The two log lines of a transition (the phase line and the checkpoint's audit line) are also
+rendered by structlog's stock pipeline (``TimeStamper(fmt="iso", utc=True)``,
+``JSONRenderer()``, ``PrintLoggerFactory``), as phasegate configured it before its own
+timestamp, renderer and writer (phasegate/logs.py): the same lines, the same process.
 """
 
 from __future__ import annotations
@@ -57,6 +62,28 @@ def main() -> None:
                              ("phase log line, pre-bound logger", bound)):
             figures[name] = per_call_us(lambda lg=logger: lg.info(
                 "phase", phase="p7", outcome="advanced", duration_s=0.000123), n)
+        audit = structlog.get_logger("phasegate.audit").bind()
+        figures["audit line, pre-bound logger"] = per_call_us(lambda: audit.info(
+            "checkpoint_audit", workflow_id="w-0123456789", seq=7, branch="main",
+            region="default", classification="internal", kind="phase"), n)
+        configured = structlog.get_config()
+        with open(os.devnull, "w") as devnull:
+            structlog.configure(
+                processors=[*configured["processors"][:-3],
+                            structlog.processors.TimeStamper(fmt="iso", utc=True),
+                            structlog.processors.dict_tracebacks,
+                            structlog.processors.JSONRenderer()],
+                logger_factory=structlog.PrintLoggerFactory(file=devnull))
+            stock = structlog.get_logger("phasegate.transition").bind()
+            stock_audit = structlog.get_logger("phasegate.audit").bind()
+            figures["phase log line, structlog's stock renderer"] = per_call_us(
+                lambda: stock.info("phase", phase="p7", outcome="advanced",
+                                   duration_s=0.000123), n)
+            figures["audit line, structlog's stock renderer"] = per_call_us(
+                lambda: stock_audit.info(
+                    "checkpoint_audit", workflow_id="w-0123456789", seq=7, branch="main",
+                    region="default", classification="internal", kind="phase"), n)
+            structlog.configure(**configured)
     figures["successor built, validated (phase_message)"] = per_call_us(
         lambda: phase_message(envelope.workflow_id, envelope.workflow, envelope.seq + 1, "p8",
                               envelope.branch, envelope.traceparent), n)

@@ -59,14 +59,17 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
     counted = ""
     try:
         env = Env(databases, **options)
-        await run_phasegate(await databases.fresh(), Workload("memory", groups, 10), env)
+        # The warm-up runs the measured workload: its phases' metric children (one per phase
+        # name and outcome, made on first use and kept, as a worker keeps them for its
+        # workflows' phases) are made there, not in the measured run.
+        workload = Workload("memory", groups, phases)
+        await run_phasegate(await databases.fresh(), workload, env)
         dsn = await databases.fresh()
         spy = await asyncio.create_subprocess_exec(
             str(VENV_BIN / "py-spy"), "record", "--format", "raw", "--rate", "500",
             "--output", str(raw), "--pid", str(os.getpid()),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches (it has no readiness signal)
-        workload = Workload("memory", groups, phases)
         try:
             figures = await run_phasegate(dsn, workload, env)
         finally:

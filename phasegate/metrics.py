@@ -3,6 +3,7 @@ phase names come from code, never from messages; workflow ids are never labels."
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -28,6 +29,10 @@ GROUP_COMMIT_FALLBACKS = Counter(
 MESSAGES = Counter(
     "phasegate_messages_total", "Received messages by what became of them.", ["outcome"])
 PHASES_IN_FLIGHT = Gauge("phasegate_phases_in_flight", "Phase handlers running now.")
+# The phases each live transition is running (its ``running`` map): counted when scraped
+# rather than moved up and down around every phase (two locked updates per hop).
+_RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
+PHASES_IN_FLIGHT.set_function(lambda: float(sum(len(t.running) for t in list(_RUNNING))))
 MESSAGES_HELD = Gauge(
     "phasegate_messages_held", "Received messages this worker holds (running or waiting).")
 OUTBOX_SEND_LAG = Histogram(
@@ -52,6 +57,12 @@ READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop 
 
 
 _CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def count_running(transition: Any) -> None:
+    """Count ``transition.running`` (a map of the phases it runs) in ``PHASES_IN_FLIGHT`` for
+    as long as the transition lives."""
+    _RUNNING.add(transition)
 
 
 def child(metric: Any, *labels: str) -> Any:

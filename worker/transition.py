@@ -107,6 +107,7 @@ class PhaseTransition:
         self._mark_sent = mark_sent
         self._sender = sender
         self.running: dict[str, RunningPhase] = {}
+        metrics.count_running(self)
         self._log_phase = PhaseLog(log)
         # Commits in progress: shielded from shutdown's cancel, awaited before the pool closes.
         self.durable: set[asyncio.Future[Any]] = set()
@@ -304,7 +305,6 @@ class PhaseTransition:
             signal=json.loads(position.signal_json) if position.signal_json else None)
         started = time.monotonic()
         self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
-        metrics.PHASES_IN_FLIGHT.inc()
         try:
             result = await attempt(phase, ctx, state, workflow.tiers,
                                    phase_timeout(phase, self.config.phase_timeout_s))
@@ -312,7 +312,6 @@ class PhaseTransition:
             self._log_phase(envelope, phase_name, started, "cancelled")
             raise
         finally:
-            metrics.PHASES_IN_FLIGHT.dec()
             self.running.pop(envelope.dedup_id, None)
         if isinstance(result, Failed):
             return await self.failures.fail(envelope, phase_name, started, result.exc,

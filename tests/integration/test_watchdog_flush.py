@@ -106,6 +106,8 @@ async def test_flush_saves_progress_sheds_prefetched_and_restores_after_release(
     worker = Worker(settings=settings, registry=REGISTRY_, watchdog_settings=FAST_WATCHDOG)
     async with running_worker_of(worker):
         await wait_for(lambda: progress_published(worker), what="phase progress")
+        # Counted from the running phases when scraped (metrics.count_running).
+        assert REGISTRY.get_sample_value("phasegate_phases_in_flight") == 1
         await wait_for(lambda: _true(worker.held == 2), timeout=10,
                        what="both messages of the group held in one batch")
         fake_cgroup.set_pressure(200_000)
@@ -134,6 +136,7 @@ async def test_flush_saves_progress_sheds_prefetched_and_restores_after_release(
         async with store_for(settings.database_url) as store:
             await store.pool.execute("INSERT INTO test_gates VALUES ('g1')")
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="run completed")
+        assert REGISTRY.get_sample_value("phasegate_phases_in_flight") == 0
     final = await fetch(settings.database_url, "SELECT state::text FROM checkpoints "
                         "WHERE workflow_id = $1 AND kind = 'phase' AND seq = 0", wid)
     assert '"resumed": null' in final[0]["state"], "the phase itself never restarted"

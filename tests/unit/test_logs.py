@@ -89,3 +89,39 @@ def test_configuring_twice_keeps_one_handler_and_reset_removes_it(stderr: Stderr
     assert [r["event"] for r in lines(stderr)] == ["kept"]
     reset_logging()
     assert logging.getLogger().handlers == before
+
+
+def test_the_timestamp_is_what_structlog_s_iso_utc_stamper_writes(monkeypatch) -> None:
+    from datetime import UTC, datetime
+
+    from phasegate import logs
+
+    stamp = logs.IsoUtcTimestamp()
+    # Within a second, across a second, a whole second (no fraction, as isoformat writes it).
+    for ns in (1_764_745_981_123_456_789, 1_764_745_981_999_999_999, 1_764_745_982_000_000_000,
+               1_764_745_982_000_001_000, 1_764_745_981_500_000_000):
+        monkeypatch.setattr(logs.time, "time_ns", lambda ns=ns: ns)
+        second, micros = divmod(ns // 1000, 1_000_000)
+        expected = (datetime.fromtimestamp(second, UTC).replace(microsecond=micros)
+                    .isoformat().replace("+00:00", "Z"))
+        assert stamp(None, "info", {})["timestamp"] == expected
+
+
+def test_the_json_renderer_writes_what_structlog_s_wrote() -> None:
+    from datetime import UTC, datetime
+
+    from phasegate.logs import render_json
+
+    class Custom:
+        def __structlog__(self) -> str:
+            return "custom!"
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    event = {"event": "phase", "n": 1, "f": 0.5, "nan": float("nan"), "none": None,
+             "nested": {"a": [1, "é"]}, "custom": Custom(), "opaque": Opaque(),
+             "when": datetime(2026, 12, 3, tzinfo=UTC), "set": {3}}
+    expected = structlog.processors.JSONRenderer()(None, "info", dict(event))
+    assert render_json(None, "info", dict(event)) == expected
