@@ -1,8 +1,8 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
-    python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
+    python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5] [--only batches]
 
-Five measurements on a private cluster (bench/common.py), each against its own fresh database:
+Six measurements on a private cluster (bench/common.py), each against its own fresh database:
 
 - **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
   one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
@@ -27,6 +27,10 @@ Five measurements on a private cluster (bench/common.py), each against its own f
   Wall time, client CPU and the server process's CPU (``/proc/<pid>/stat``) per call: the
   commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
   built on that statement could reach against the floor at one group.
+- **batches**: continued hops committed together, as group commit sends them (four runs' hops
+  per statement, about the batch 16 groups make): as rows of ``commit_phases`` and through
+  ``continue_phases`` (migration 0024), interleaved rounds; wall, client CPU and server CPU per
+  hop.
 - **rules**: both commit functions' continued hops on a database at schema v21 and on one at
   the newest, in interleaved rounds: what migration 0022 (the row rules as functions, which
   PostgreSQL no longer re-reads from text in every statement) saves each commit.
@@ -239,6 +243,35 @@ COMMIT_CALLS = {
                        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")),
 }
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Hops per statement in the batches section (16 groups batch about four to five).
+BATCH = 4
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _commit_phases_hops(ws: list[int], s: int) -> tuple[Any, ...]:
+    n = len(ws)
+    return ([f"r{w}" for w in ws], ["main"] * n, [s] * n, [f"p{s}"] * n, [1] * n,
+            [STATE] * n, ["h"] * n, [f"p{s + 1}"] * n, ["running"] * n, [None] * n,
+            [None] * n, [None] * n, ["w1"] * n, [None] * n, [f"d{w}-{s}" for w in ws],
+            [f"r{w}" for w in ws], ['{"traceparent": "' + TRACE + '"}'] * n, [None] * n,
+            [None] * n, [None] * n, [None] * n, [None] * n, [None] * n, [None] * n,
+            ["w1"] * n, [600.0] * n, [None] * n)
+
+
+def _continue_phases_hops(ws: list[int], s: int) -> tuple[Any, ...]:
+    n = len(ws)
+    return ([f"r{w}" for w in ws], ["main"] * n, [s] * n, [f"p{s}"] * n, [1] * n,
+            [STATE] * n, ["h"] * n, [f"p{s + 1}"] * n, [None] * n, [None] * n, [None] * n,
+            ["w1"] * n, [None] * n, [None] * n, [None] * n, [None] * n, [None] * n,
+            ["w1"] * n, [600.0] * n, [TRACE] * n)
+
+
+BATCH_CALLS = {
+    "continued hops as rows of phasegate_commit_phases":
+        (queries()["commit_phases"], _commit_phases_hops),
+    "continued hops through phasegate_continue_phases (migration 0024)":
+        (queries()["continue_phases"], _continue_phases_hops),
+}
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -246,25 +279,30 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-async def _calls(dsn: str, label: str, phases: int) -> dict[str, float]:
-    """Per call of ``label``'s statement, RUNS x phases calls from seq 0: wall, client CPU and
-    the server process's CPU, µs (clock ticks, so a run lasts long enough to count them)."""
-    sql, make_args = COMMIT_CALLS[label]
+async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[str, float]:
+    """Per hop of ``label``'s statement, RUNS x phases hops from seq 0, ``batch`` runs' hops
+    per call (the batches section's statements): wall, client CPU and the server process's
+    CPU, µs (clock ticks, so a run lasts long enough to count them)."""
+    sql, make_args = COMMIT_CALLS[label] if batch == 1 else BATCH_CALLS[label]
     await _from_seq_0(dsn)
     connection = await connect(dsn)
     try:
         pid = connection.get_server_pid()
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
         for s in range(phases):
-            for w in range(RUNS):
-                await connection.fetchrow(sql, *make_args(w, s))
+            for w in range(0, RUNS, batch):
+                if batch == 1:
+                    await connection.fetchrow(sql, *make_args(w, s))
+                else:
+                    rows = await connection.fetch(sql, *make_args(list(range(w, w + batch)), s))
+                    assert len(rows) == batch, f"{label}: {len(rows)} of {batch} hops committed"
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server = _process_cpu_s(pid) - server
     finally:
         await connection.close()
-    calls = phases * RUNS
-    return {"wall_us": wall / calls * 1e6, "client_cpu_us": cpu / calls * 1e6,
-            "server_cpu_us": server / calls * 1e6}
+    hops = phases * RUNS
+    return {"wall_us": wall / hops * 1e6, "client_cpu_us": cpu / hops * 1e6,
+            "server_cpu_us": server / hops * 1e6}
 
 
 async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
@@ -274,6 +312,16 @@ async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
     for _ in range(rounds):
         for label in COMMIT_CALLS:
             found[label].append(await _calls(dsn, label, phases))
+    return found
+
+
+async def batches(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Continued hops committed BATCH at a time, through both multi-row statements, in
+    interleaved rounds on one database."""
+    found: dict[str, list[dict[str, float]]] = {label: [] for label in BATCH_CALLS}
+    for _ in range(rounds):
+        for label in BATCH_CALLS:
+            found[label].append(await _calls(dsn, label, phases, batch=BATCH))
     return found
 
 
@@ -361,6 +409,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cluster = PrivateCluster().start()
     rounds: list[dict[str, Any]] = []
     try:
+        if args.only == "batches":
+            return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "machine": machine(),
+                    "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
+                    **_medians("batches", await batches(await _with_setup(cluster.dsn),
+                                                        args.phases, args.check_rounds))}
         for _ in range(args.rounds):
             dsn = await fresh_database(cluster.dsn)
             rounds.append({"driver": {**await driver(dsn, args.calls),
@@ -375,6 +429,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await setup.close()
         commit_rounds = await commits(dsn, args.phases, args.check_rounds)
+        batch_rounds = await batches(await _with_setup(cluster.dsn), args.phases,
+                                     args.check_rounds)
     finally:
         cluster.stop()
     driver_med = {label: {k: statistics.median(r["driver"][label][k] for r in rounds)
@@ -391,10 +447,34 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "rules": {label: statistics.median(v) for label, v in rule_rounds.items()},
             "commits_rounds": commit_rounds,
             "commits": {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
-                        for label, v in commit_rounds.items()}}
+                        for label, v in commit_rounds.items()},
+            **_medians("batches", batch_rounds)}
+
+
+async def _with_setup(server_dsn: str) -> str:
+    dsn = await fresh_database(server_dsn)
+    setup = await asyncpg.connect(dsn)
+    try:
+        await setup.execute(SETUP)
+    finally:
+        await setup.close()
+    return dsn
+
+
+def _medians(name: str, found: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    return {f"{name}_rounds": found,
+            name: {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
+                   for label, v in found.items()}}
 
 
 def markdown(report: dict[str, Any]) -> str:
+    batched = ["", f"| continued hops committed {BATCH} per statement (interleaved rounds) "
+               "| wall per hop (µs) | client CPU per hop (µs) | server CPU per hop (µs) |",
+               "|---|---:|---:|---:|"]
+    batched += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
+                f"{v['server_cpu_us']:.0f} |" for label, v in report["batches"].items()]
+    if "driver" not in report:
+        return "\n".join(batched[1:])
     lines = ["| one `SELECT length($1::text)` through asyncpg | client CPU (µs) | wall (µs) |",
              "|---|---:|---:|"]
     lines += [f"| {label} | {v['client_cpu_us']:.0f} | {v['wall_us']:.0f} |"
@@ -414,7 +494,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
               f"{v['server_cpu_us']:.0f} | {floor / v['wall_us']:.2f} |"
               for label, v in report["commits"].items()]
-    return "\n".join(lines)
+    return "\n".join(lines + batched)
 
 
 def main() -> None:
@@ -423,6 +503,8 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
+    parser.add_argument("--only", choices=["batches"], default=None,
+                        help="run one section alone")
     args = parser.parse_args()
     report = asyncio.run(bench(args))
     path = write_results("statement-costs", report)

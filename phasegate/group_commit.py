@@ -24,6 +24,12 @@ back to back): the pool's acquire and release cost a quarter of the client CPU o
 ``IDLE_RELEASE_S``, after any error, at once when every other connection of the pool is taken
 (someone may be waiting for it), and is never kept in a pool too small to spare it.
 
+A call may bring its own statement for when it goes alone (a continued hop's
+``continue_phase``), and that statement may have a multi-row form of its own (``batch_alone``:
+``continue_phases``, migration 0024): a batch whose every call brought the same statement goes
+as that multi-row form, with the calls' own arguments; a batch mixing them goes as the shared
+multi-row statement (``commit_phases``), which takes every call.
+
 If the multi-row statement fails as a whole (a constraint one row breaks, a deadlock between
 two batches), each of its commits is retried on its own with the single-row statement, so only
 the bad one fails. A lost connection is not retried here: every caller gets the error, as a
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -64,7 +70,8 @@ class GroupCommit:
     its multi-row form over one pool; see the module docstring."""
 
     def __init__(self, pool: asyncpg.Pool, *, single_sql: str, batch_sql: str,
-                 window_s: float, max_batch: int = MAX_BATCH, name: str = "commit") -> None:
+                 window_s: float, max_batch: int = MAX_BATCH, name: str = "commit",
+                 batch_alone: Mapping[str, str] | None = None) -> None:
         if window_s <= 0:
             raise ValueError("a group commit needs a window above 0 (0 turns it off)")
         self._pool = pool
@@ -72,6 +79,8 @@ class GroupCommit:
         self._batch_sql = batch_sql
         self._window_s = window_s
         self._max_batch = max_batch
+        # A call's own statement -> its multi-row form (the module docstring).
+        self._batch_alone = dict(batch_alone or {})
         self._size = metrics.GROUP_COMMIT_SIZE.labels(statement=name)
         self._fallbacks = metrics.GROUP_COMMIT_FALLBACKS.labels(statement=name)
         self._pending: list[tuple[Args, asyncio.Future[Result], Alone]] = []
@@ -84,6 +93,7 @@ class GroupCommit:
         self._kept_used = 0.0
         self._idle_check: asyncio.TimerHandle | None = None
         self.statements = 0  # multi-row statements sent (tests and bench read it)
+        self.alone_batches = 0  # of those, the multi-row forms of the calls' own statements
 
     @property
     def kept_server_pid(self) -> int | None:
@@ -161,15 +171,20 @@ class GroupCommit:
 
     async def _together(self, batch: list[Args], alone: Sequence[Alone] = ()
                         ) -> Sequence[Result | BaseException]:
-        """``batch`` in one multi-row statement; should it fail as a whole, each call alone
-        (in its ``alone`` form when it has one)."""
-        # Rows sorted by run so two batches lock shared runs in the same order (duplicates of
-        # one message in two workers), which keeps deadlocks rare; one is retried anyway.
-        order = sorted(range(len(batch)), key=lambda i: batch[i][0])
-        columns = [list(column) for column in zip(*(batch[i] for i in order), strict=True)]
+        """``batch`` in one multi-row statement (the multi-row form of the calls' own statement
+        when they all brought the same one and it has one); should it fail as a whole, each
+        call alone (in its ``alone`` form when it has one)."""
+        sql, calls = self._batch_sql, batch
+        own = {form[0] for form in alone if form is not None}
+        if len(own) == 1 and all(alone) and (lean := self._batch_alone.get(own.pop())):
+            sql, calls = lean, [form[1] for form in alone if form is not None]
+        # Rows sorted by run (every statement's first argument) so two batches lock shared
+        # runs in the same order (duplicates of one message in two workers), which keeps
+        # deadlocks rare; one is retried anyway.
+        order = sorted(range(len(calls)), key=lambda i: calls[i][0])
+        columns = [list(column) for column in zip(*(calls[i] for i in order), strict=True)]
         try:
-            rows: list[asyncpg.Record] = await self._statement(self._batch_sql, columns,
-                                                               many=True)
+            rows: list[asyncpg.Record] = await self._statement(sql, columns, many=True)
         except DATABASE_DOWN:  # retrying each row alone would only repeat it, slower
             raise
         except asyncpg.PostgresError:
@@ -178,10 +193,12 @@ class GroupCommit:
             statements = [form or (self._single_sql, args)
                           for args, form in zip(batch, forms, strict=True)]
             one_by_one: list[Result | BaseException] = await asyncio.gather(
-                *(self._pool.fetchrow(sql, *args) for sql, args in statements),
+                *(self._pool.fetchrow(own_sql, *own_args) for own_sql, own_args in statements),
                 return_exceptions=True)
             return one_by_one
         self.statements += 1
+        if sql is not self._batch_sql:
+            self.alone_batches += 1
         won = {order[row["i"] - 1]: row for row in rows}
         return [won.get(i) for i in range(len(batch))]
 

@@ -128,7 +128,8 @@ class Store:
         if commit_window_s > 0:
             self.group_commit = GroupCommit(
                 pool, single_sql=self._q["commit_phase"], batch_sql=self._q["commit_phases"],
-                window_s=commit_window_s)
+                window_s=commit_window_s,
+                batch_alone={self._q["continue_phase"]: self._q["continue_phases"]})
         # PHASEGATE_LOAD_BATCH_WINDOW_MS: concurrent checks share a read (0: off).
         self.group_load: GroupCommit | None = None
         if load_window_s > 0:

@@ -97,6 +97,17 @@ SELECT phasegate_continue_phase(
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20
 ) AS committed_at;
 
+-- name: continue_phases
+-- Group commit of continued hops (phasegate/group_commit.py): continue_phase for many runs in
+-- ONE statement, sent when every commit of a batch is a continued hop (a batch with any other
+-- commit goes through commit_phases). $1-$20 are arrays of continue_phase's arguments, one
+-- element per hop; each row's condition is checked on its own, and of two hops of one run and
+-- seq only one writes. Returns one row per hop that committed: its ordinal (1-based) and the
+-- checkpoint's time. The statement is the server function of that name
+-- (migrations/0024_continued_group_commit.sql).
+SELECT * FROM phasegate_continue_phases(
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20);
+
 -- name: record_failure
 -- A phase raised: count the attempt; at the limit the run is failed with the error kept. The
 -- attempt itself is kept too (0015, phase_attempts: the console's timeline) by this same

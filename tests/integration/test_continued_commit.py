@@ -5,6 +5,7 @@ same way (stale, duplicate, cancelled), and only the worker role may call it."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -13,9 +14,9 @@ import pytest
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.sql import queries
 from phasegate.store import Lease, PhaseCommit, Store, create_pool
-from tests.helpers import fetch, fetchval, store_for
+from tests.helpers import fetch, fetchval, store_for, wait_for
 from tests.integration.test_access import denied, login_user
-from tests.integration.test_group_commit import running
+from tests.integration.test_group_commit import _waiting, grouped_store, held, running, until_queued
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 RUN_COLUMNS = ("status, next_seq, current_phase, attempts, error, due_at, waiting_for, tier, "
@@ -92,6 +93,45 @@ async def test_a_continued_hop_writes_what_the_general_commit_writes(database_ur
     assert [c[1] for c in checkpoints] == [0, 1] and outbox == []
 
 
+@pytest.mark.parametrize("fields", [
+    {},
+    {"tier": 2, "tier_label": "gold", "resource_versions_json": '{"doc": "v7"}',
+     "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "review_json": '{"note": "kept"}'},
+], ids=["plain", "every-column"])
+async def test_hops_committed_together_write_what_the_general_commit_writes(database_url,
+                                                                          fields):
+    """Two runs' hops batched by group commit (continue_phases, migration 0024: every call of
+    the batch a continued hop), twice, against a run whose hops go through commit_phase with
+    the same lease: the same run row, position, chain lease, checkpoints and (no) outbox
+    rows."""
+    lease = Lease("w-1", 600.0)
+    async with grouped_store(database_url) as store:
+        await running(store, "cc-g-head", "cc-g-1", "cc-g-2", "cc-g-general")
+        for seq in range(2):
+            async with held(database_url, "cc-g-head"):
+                head = asyncio.ensure_future(store.commit_phase(hop("cc-g-head", seq),
+                                                                lease=lease))
+                await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                               what="the head hop waiting on the held row")
+                batch = [asyncio.ensure_future(store.commit_phase(hop(w, seq, **fields),
+                                                                  lease=lease))
+                         for w in ("cc-g-1", "cc-g-2")]
+                await until_queued(store, 2)
+            assert await head is not None
+            for result in await asyncio.gather(*batch):
+                assert result is not None and result[1] is None
+            general = await general_commit(store, hop("cc-g-general", seq, **fields), lease)
+            assert general is not None and general["committed_at"] is not None
+        group = store.group_commit
+        assert group is not None and (group.statements, group.alone_batches) == (2, 2)
+    grouped = [await written(database_url, w) for w in ("cc-g-1", "cc-g-2")]
+    assert grouped[0] == grouped[1] == await written(database_url, "cc-g-general")
+    run, position, checkpoints, outbox = grouped[0]
+    assert run[:3] == ("running", 2, "p2")
+    assert position is not None and position[5:] == ("w-1", TRACEPARENT, 600)
+    assert [c[1] for c in checkpoints] == [0, 1] and outbox == []
+
+
 async def test_a_stale_duplicate_or_cancelled_hop_commits_nothing(database_url):
     """Each hop alone: a hop at a seq the run has left, the second of two deliveries of one
     hop, and a hop of a run cancelled meanwhile get None back and write nothing."""
@@ -152,6 +192,11 @@ async def test_only_the_worker_role_may_commit_a_continued_hop(database_url):
                     connection, queries()["continue_phase"], commit.workflow_id, "main", 0,
                     "p0", 1, commit.state_json, commit.state_hash, "p1", None, None, None,
                     "w-1", None, None, None, None, None, "w-1", 60.0, TRACEPARENT)
+                assert await denied(
+                    connection, queries()["continue_phases"], [commit.workflow_id], ["main"],
+                    [0], ["p0"], [1], [commit.state_json], [commit.state_hash], ["p1"], [None],
+                    [None], [None], ["w-1"], [None], [None], [None], [None], [None], ["w-1"],
+                    [60.0], [TRACEPARENT])
         finally:
             await pool.close()
     assert (await written(database_url, "cc-role"))[0][1] == 1

@@ -444,6 +444,7 @@ async def test_continued_hops_join_a_group_each_lease_written_per_row(database_u
         assert await head is not None
         lease_a, lease_b, stale, dup_a, dup_b, cancelled, plain = await asyncio.gather(*batch)
         assert store.group_commit is not None and store.group_commit.statements == 1
+        assert store.group_commit.alone_batches == 0  # a plain commit among them: commit_phases
     assert lease_a is not None and lease_b is not None and lease_a[1] is None
     assert stale is None and cancelled is None
     assert [dup_a is None, dup_b is None].count(True) == 1
@@ -467,6 +468,81 @@ async def test_continued_hops_join_a_group_each_lease_written_per_row(database_u
     for workflow_id, seqs in (("wf_gc_dup", [0]), ("wf_gc_stale", []),
                               ("wf_gc_cancelled", []), ("wf_gc_lease_b", [0])):
         assert await checkpoints_of(database_url, workflow_id) == seqs
+
+
+async def test_a_batch_of_continued_hops_alone_takes_their_own_statement(database_url):
+    """Continued hops only (no other commit among them) go as one continue_phases statement
+    (migration 0024), each row checked on its own as in commit_phases: each lease written for
+    its holder and its seconds, no outbox row; a stale hop, one of two duplicates and a hop of
+    a cancelled run lose only their own row."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_ch_head", "wf_ch_a", "wf_ch_b", "wf_ch_stale", "wf_ch_dup",
+                      "wf_ch_cancelled")
+        await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
+                    "WHERE workflow_id = 'wf_ch_cancelled'")
+        async with held(database_url, "wf_ch_head"):
+            head = asyncio.ensure_future(store.commit_phase(
+                commit_of("wf_ch_head"), lease=Lease("w-a", 600.0)))
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head hop waiting on the held row")
+            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=lease))
+                     for commit, lease in (
+                         (commit_of("wf_ch_a"), Lease("w-a", 600.0)),
+                         (commit_of("wf_ch_b"), Lease("w-b", 30.0)),
+                         (commit_of("wf_ch_stale", seq=3), Lease("w-a", 600.0)),
+                         (commit_of("wf_ch_dup"), Lease("w-a", 600.0)),
+                         (commit_of("wf_ch_dup"), Lease("w-b", 600.0)),
+                         (commit_of("wf_ch_cancelled"), Lease("w-a", 600.0)))]
+            await until_queued(store, len(batch))
+        assert await head is not None
+        hop_a, hop_b, stale, dup_a, dup_b, cancelled = await asyncio.gather(*batch)
+        group = store.group_commit
+        assert group is not None and (group.statements, group.alone_batches) == (1, 1)
+    assert hop_a == (hop_a[0], None) and hop_b is not None and hop_b[1] is None  # no outbox id
+    assert stale is None and cancelled is None
+    assert [dup_a is None, dup_b is None].count(True) == 1
+    assert await fetch(database_url, "SELECT workflow_id FROM outbox "
+                       "WHERE seq > 0 AND workflow_id LIKE 'wf_ch_%'") == []
+    chains = await fetch(
+        database_url, "SELECT workflow_id, next_seq, chain_holder, "
+        "round(extract(epoch FROM chain_until - updated_at))::int AS lease_s, "
+        "chain_traceparent FROM run_positions WHERE workflow_id LIKE 'wf_ch_%' ORDER BY 1")
+    traceparent = commit_of("wf_ch_a").successor.traceparent  # type: ignore[union-attr]
+    dup_holder = "w-a" if dup_a is not None else "w-b"
+    assert [tuple(r) for r in chains] == [
+        ("wf_ch_a", 1, "w-a", 600, traceparent), ("wf_ch_b", 1, "w-b", 30, traceparent),
+        ("wf_ch_dup", 1, dup_holder, 600, traceparent),
+        ("wf_ch_head", 1, "w-a", 600, traceparent), ("wf_ch_stale", 0, None, None, None)]
+    for workflow_id, seqs in (("wf_ch_a", [0]), ("wf_ch_dup", [0]), ("wf_ch_stale", []),
+                              ("wf_ch_cancelled", [])):
+        assert await checkpoints_of(database_url, workflow_id) == seqs
+
+
+async def test_a_bad_hop_in_a_batch_of_hops_fails_alone(database_url):
+    """continue_phases fails as a whole on a state that is not JSON: each hop is committed
+    alone in its own statement, so only the bad one raises and its run stays where it was."""
+    async with grouped_store(database_url) as store:
+        await running(store, "wf_cb_head", "wf_cb_ok", "wf_cb_bad")
+        async with held(database_url, "wf_cb_head"):
+            head = asyncio.ensure_future(store.commit_phase(
+                commit_of("wf_cb_head"), lease=Lease("w-a", 600.0)))
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the head hop waiting on the held row")
+            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=Lease("w-a", 60.0)))
+                     for commit in (commit_of("wf_cb_ok"),
+                                    commit_of("wf_cb_bad", state_json='{"not json'))]
+            await until_queued(store, 2)
+        assert await head is not None
+        ok, failed = await asyncio.gather(*batch, return_exceptions=True)
+        assert store.group_commit is not None and store.group_commit.statements == 0
+    assert isinstance(failed, asyncpg.PostgresError)
+    assert ok is not None and not isinstance(ok, BaseException) and ok[1] is None
+    assert await checkpoints_of(database_url, "wf_cb_ok") == [0]
+    assert await checkpoints_of(database_url, "wf_cb_bad") == []
+    position = await fetch(database_url, "SELECT workflow_id, next_seq, chain_holder "
+                           "FROM run_positions WHERE workflow_id LIKE 'wf_cb_%' ORDER BY 1")
+    assert [tuple(r) for r in position] == [("wf_cb_bad", 0, None), ("wf_cb_head", 1, "w-a"),
+                                           ("wf_cb_ok", 1, "w-a")]
 
 
 async def test_a_call_sent_alone_takes_its_own_statement(database_url):
