@@ -6,7 +6,8 @@ Times, in µs per transition, what the worker does around every phase besides th
 the three span hooks plus trace propagation with no OpenTelemetry SDK configured, the
 per-phase log line (production JSON pipeline, run ids bound as context variables, output to
 /dev/null), building the successor envelope (validated, or copied from the received one) and
-one JSON encoding of it. Run it in two checkouts to compare
+one JSON encoding of it, and a phase's returned state checked and encoded for its commit
+(a 1 KB and a 118 KB state). Run it in two checkouts to compare
 them; the machine's load shows as noise, so run each a few times, alternating.
 
 The two log lines of a transition (the phase line and the checkpoint's audit line) are also
@@ -25,9 +26,16 @@ from typing import Any
 
 import structlog
 
+from bench.workload import PAYLOAD
 from phasegate import tracing
-from phasegate.envelope import phase_message, successor_message
+from phasegate.envelope import canonical_json, phase_message, successor_message
 from phasegate.logs import configure_logging
+from phasegate.storable import check_storable
+from phasegate.worker.guards import storable
+
+# An agent run's state: 250 messages of 400 characters (118 KB of JSON).
+BIG_STATE = {"messages": [{"role": "user" if i % 2 else "assistant", "content": "x" * 400,
+                           "meta": {"tokens": i, "ok": True}} for i in range(250)], "step": 3}
 
 
 def per_call_us(fn: Any, n: int) -> float:
@@ -90,6 +98,12 @@ def main() -> None:
     figures["successor built, copied (successor_message)"] = per_call_us(
         lambda: successor_message(envelope, envelope.workflow, "p8"), n)
     figures["successor to_json, once"] = per_call_us(successor.to_json, n)
+    # A phase's returned state, checked and encoded for its commit (worker/guards.storable),
+    # against the full walk then the encoding, which it did until it encoded first.
+    for name, state, calls in (("1 KB state", PAYLOAD, n), ("118 KB state", BIG_STATE, n // 100)):
+        figures[f"{name}: storable"] = per_call_us(lambda v=state: storable(v, "state"), calls)
+        figures[f"{name}: full walk, then encoded"] = per_call_us(
+            lambda v=state: (check_storable(v, where="state"), canonical_json(v)), calls)
     for name, value in figures.items():
         print(f"{name}: {value:.2f} us")
 

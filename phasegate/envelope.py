@@ -116,11 +116,16 @@ def dedup_id(workflow_id: str, branch: str, seq: int, epoch: int = 0, *,
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+# json.dumps with these options builds an encoder on every call; encoding keeps no state
+# between calls, so one is built once.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """The one serialisation used for hashing and storing state. Raises on NaN/Infinity and
     on anything JSON cannot represent, so bad state fails at the phase that produced it."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def state_hash(canonical: str) -> str:

@@ -61,6 +61,44 @@ def check_storable(value: Any, *, where: str = "$", max_depth: int = MAX_JSON_DE
             raise UnstorableValue(path, f"{type(item).__name__} is not a JSON type")
 
 
+def plainly_storable(value: Any, canonical: str, *, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """A quick yes from what :func:`check_storable` checks, for a value whose JSON text is
+    ``canonical`` (``json.dumps`` with ``allow_nan=False`` and ``ensure_ascii=False``, which
+    refuses NaN and the types JSON has none for): the text holds no NUL and no lone surrogate
+    (one pass in C over the whole text instead of one call per string), and the value is
+    dicts with string keys, lists and scalars, at most ``max_depth`` containers deep (a tuple,
+    which json writes as a list, is not). False sends the caller to check_storable, which
+    names the place, or finds nothing: an escaped backslash before ``u0000`` in a string
+    reads like a NUL here."""
+    if "\\u0000" in canonical:
+        return False
+    if not canonical.isascii():
+        try:
+            canonical.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    if not isinstance(value, dict | list):
+        return not isinstance(value, tuple)
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return False
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return False
+            children = item.values()
+        else:
+            children = item
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+            elif isinstance(child, tuple):
+                return False
+    return True
+
+
 def check_storable_size(canonical: str, *, where: str = "$",
                         max_bytes: int = MAX_STATE_BYTES) -> None:
     """Raise unless the canonical JSON text fits the documented size limit."""

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json
 from phasegate.queue import Received
 from phasegate.steps import LedgerUnavailable
-from phasegate.storable import UnstorableValue, check_storable, check_storable_size
+from phasegate.storable import (
+    UnstorableValue,
+    check_storable,
+    check_storable_size,
+    plainly_storable,
+)
 from phasegate.tiers import Grade, Tier, grade
 from phasegate.waits import WaitError
 from phasegate.workflow import NonRetryableError, Phase, Workflow
@@ -56,12 +61,20 @@ def refused_start(envelope: Envelope, workflow: Workflow) -> tuple[str, str] | N
 
 
 def storable(value: Any, where: str) -> str:
-    """The canonical JSON of ``value``, or :class:`UnstorableValue` naming where it fails."""
-    check_storable(value, where=where)
+    """The canonical JSON of ``value``, or :class:`UnstorableValue` naming where it fails.
+
+    Encoded first, then checked on the text and the value's shape (``plainly_storable``);
+    only a value that fails that goes through the full walk, which names the place. The walk
+    builds a path for every node: about 2 ms a phase for a 118 KB state, against the
+    encoding's tenth of that."""
     try:
         canonical = canonical_json(value)
-    except (TypeError, ValueError, RecursionError) as exc:  # after check_storable: a bug
+    except (TypeError, ValueError, RecursionError) as exc:
+        check_storable(value, where=where)
+        # What the walk accepts and json does not (an int too long to write as text).
         raise UnstorableValue(where, f"not JSON ({type(exc).__name__})") from None
+    if not plainly_storable(value, canonical):
+        check_storable(value, where=where)
     check_storable_size(canonical, where=where)
     return canonical
 

@@ -95,6 +95,46 @@ def test_storable_returns_the_canonical_text_or_names_the_place():
         storable({"blob": "x" * MAX_STATE_BYTES}, "state")
 
 
+def _walked_then_encoded(value: object, where: str) -> str:
+    """What storable did before it encoded first: the full walk, then the encoding."""
+    check_storable(value, where=where)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+BIG_STATE = {"messages": [{"role": "user", "content": "x" * 400, "meta": {"n": i, "ok": True}}
+                          for i in range(250)], "step": 3}
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 0, 1.5, "é", [], {}, {"a": [1, {"b": None}]}, BIG_STATE,
+    nested(MAX_JSON_DEPTH - 1), nested(MAX_JSON_DEPTH), nested(MAX_JSON_DEPTH + 1),
+    {"a": "\\u0000 is six characters"}, {"a": "\x00"}, {"k\x00": 1}, ["\ud800"],
+    {"\udfff": 1}, {1: "a"}, {True: 1}, {None: 1}, (1, 2), {"a": (1,)}, [[1], ("x",)],
+    {"x": float("nan")}, {"x": {1}}, {"x": b"b"}, {"x": object()}, 10**5000,
+    nested(sys.getrecursionlimit() * 2),
+], ids=lambda v: type(v).__name__)
+def test_storable_answers_as_the_full_walk_does(value):
+    """The text checked first (no NUL, no lone surrogate, the value's shape plain) and the full
+    walk only on a doubt: every value gets the canonical text, or the refusal naming the same
+    place for the same reason, as walking it in full first gave."""
+    try:
+        expected: object = _walked_then_encoded(value, "state")
+    except (UnstorableValue, TypeError, ValueError, RecursionError) as exc:
+        expected = exc
+    try:
+        got: object = storable(value, "state")
+    except UnstorableValue as exc:
+        got = exc
+    if isinstance(expected, UnstorableValue):
+        assert isinstance(got, UnstorableValue)
+        assert (got.where, got.reason) == (expected.where, expected.reason)
+    elif isinstance(expected, BaseException):  # the walk passed, json refused
+        assert isinstance(got, UnstorableValue) and got.reason.startswith("not JSON")
+    else:
+        assert got == expected
+
+
 WF = Workflow("unit-wf")
 
 
