@@ -77,7 +77,7 @@ def plainly_storable(value: Any, canonical: str, *, max_depth: int = MAX_JSON_DE
             canonical.encode("utf-8")
         except UnicodeEncodeError:
             return False
-    if not isinstance(value, dict | list):
+    if not isinstance(value, _CONTAINERS):
         return not isinstance(value, tuple)
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -92,11 +92,16 @@ def plainly_storable(value: Any, canonical: str, *, max_depth: int = MAX_JSON_DE
         else:
             children = item
         for child in children:
-            if isinstance(child, dict | list):
+            if isinstance(child, _CONTAINERS):
                 stack.append((child, depth + 1))
             elif isinstance(child, tuple):
                 return False
     return True
+
+
+# A tuple, not ``dict | list``: that union is built anew at every call (115 against 67 ns an
+# isinstance on this machine).
+_CONTAINERS = (dict, list)
 
 
 def check_storable_size(canonical: str, *, where: str = "$",
