@@ -65,8 +65,8 @@ def storable(value: Any, where: str) -> str:
 
     Encoded first, then checked on the text and the value's shape (``plainly_storable``);
     only a value that fails that goes through the full walk, which names the place. The walk
-    builds a path for every node: about 2 ms a phase for a 118 KB state, against the
-    encoding's tenth of that."""
+    builds a path for every node: 1.4 ms for a 118 KB state, against 0.75 ms for its encoding
+    and 0.34 ms for the walk without paths (``python -m bench.hops``)."""
     try:
         canonical = canonical_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
