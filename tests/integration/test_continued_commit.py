@@ -5,7 +5,6 @@ same way (stale, duplicate, cancelled), and only the worker role may call it."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -14,9 +13,9 @@ import pytest
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.sql import queries
 from phasegate.store import Lease, PhaseCommit, Store, create_pool
-from tests.helpers import fetch, fetchval, store_for, wait_for
+from tests.helpers import fetch, fetchval, store_for
 from tests.integration.test_access import denied, login_user
-from tests.integration.test_group_commit import _waiting, grouped_store, held, running, until_queued
+from tests.integration.test_group_commit import behind_a_held_head, grouped_store, running
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 RUN_COLUMNS = ("status, next_seq, current_phase, attempts, error, due_at, waiting_for, tier, "
@@ -108,18 +107,12 @@ async def test_hops_committed_together_write_what_the_general_commit_writes(data
     async with grouped_store(database_url) as store:
         await running(store, "cc-g-head", "cc-g-1", "cc-g-2", "cc-g-general")
         for seq in range(2):
-            async with held(database_url, "cc-g-head"):
-                head = asyncio.ensure_future(store.commit_phase(hop("cc-g-head", seq),
-                                                                lease=lease))
-                await wait_for(lambda: _waiting(database_url, 1), timeout=30,
-                               what="the head hop waiting on the held row")
-                batch = [asyncio.ensure_future(store.commit_phase(hop(w, seq, **fields),
-                                                                  lease=lease))
-                         for w in ("cc-g-1", "cc-g-2")]
-                await until_queued(store, 2)
-            assert await head is not None
-            for result in await asyncio.gather(*batch):
-                assert result is not None and result[1] is None
+            head, results = await behind_a_held_head(
+                database_url, store, (hop("cc-g-head", seq), lease),
+                [(hop(w, seq, **fields), lease) for w in ("cc-g-1", "cc-g-2")])
+            assert head is not None
+            for result in results:
+                assert isinstance(result, tuple) and result[1] is None
             general = await general_commit(store, hop("cc-g-general", seq, **fields), lease)
             assert general is not None and general["committed_at"] is not None
         group = store.group_commit

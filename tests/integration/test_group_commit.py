@@ -146,6 +146,31 @@ async def _waiting(database_url: str, count: int) -> bool:
     return await waiting_on_locks(database_url) == count
 
 
+Call = tuple[PhaseCommit, Lease | None]
+
+
+def _answers(results: list[Result | BaseException]) -> list[Result]:
+    """The answers of calls none of which may have failed."""
+    failed = [result for result in results if isinstance(result, BaseException)]
+    assert not failed, failed
+    return [result for result in results if not isinstance(result, BaseException)]
+
+
+async def behind_a_held_head(database_url: str, store: Store, head: Call, calls: list[Call]
+                             ) -> tuple[Result, list[Result | BaseException]]:
+    """``head`` goes alone and waits on its run's row lock, held meanwhile; ``calls`` queue
+    behind it and go together once the lock is released. The head's answer and each call's
+    (an exception in its place when it failed)."""
+    async with held(database_url, head[0].workflow_id):
+        first = asyncio.ensure_future(store.commit_phase(head[0], lease=head[1]))
+        await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                       what="the head commit waiting on the held row")
+        batch = [asyncio.ensure_future(store.commit_phase(commit, lease=lease))
+                 for commit, lease in calls]
+        await until_queued(store, len(batch))
+    return await first, list(await asyncio.gather(*batch, return_exceptions=True))
+
+
 @pytest.mark.parametrize("bad", ["constraint", "unstorable"])
 async def test_a_failing_row_fails_alone(database_url, bad):
     """The statement fails as a whole (a CHECK violation, a state that is not JSON); the batch
@@ -426,23 +451,17 @@ async def test_continued_hops_join_a_group_each_lease_written_per_row(database_u
                                         lease=Lease("w-old", 600.0)) is not None
         await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
                     "WHERE workflow_id = 'wf_gc_cancelled'")
-        async with held(database_url, "wf_gc_head"):
-            head = asyncio.ensure_future(store.commit_phase(
-                commit_of("wf_gc_head"), lease=Lease("w-a", 600.0)))
-            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
-                           what="the head hop waiting on the held row")
-            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=lease))
-                     for commit, lease in (
-                         (commit_of("wf_gc_lease_a"), Lease("w-a", 600.0)),
-                         (commit_of("wf_gc_lease_b"), Lease("w-b", 30.0)),
-                         (commit_of("wf_gc_stale", seq=3), Lease("w-a", 600.0)),
-                         (commit_of("wf_gc_dup"), Lease("w-a", 600.0)),
-                         (commit_of("wf_gc_dup"), Lease("w-b", 600.0)),
-                         (commit_of("wf_gc_cancelled"), Lease("w-a", 600.0)),
-                         (commit_of("wf_gc_plain", 1), None))]
-            await until_queued(store, len(batch))
-        assert await head is not None
-        lease_a, lease_b, stale, dup_a, dup_b, cancelled, plain = await asyncio.gather(*batch)
+        head, results = await behind_a_held_head(
+            database_url, store, (commit_of("wf_gc_head"), Lease("w-a", 600.0)), [
+                (commit_of("wf_gc_lease_a"), Lease("w-a", 600.0)),
+                (commit_of("wf_gc_lease_b"), Lease("w-b", 30.0)),
+                (commit_of("wf_gc_stale", seq=3), Lease("w-a", 600.0)),
+                (commit_of("wf_gc_dup"), Lease("w-a", 600.0)),
+                (commit_of("wf_gc_dup"), Lease("w-b", 600.0)),
+                (commit_of("wf_gc_cancelled"), Lease("w-a", 600.0)),
+                (commit_of("wf_gc_plain", 1), None)])
+        assert head is not None
+        lease_a, lease_b, stale, dup_a, dup_b, cancelled, plain = _answers(results)
         assert store.group_commit is not None and store.group_commit.statements == 1
         assert store.group_commit.alone_batches == 0  # a plain commit among them: commit_phases
     assert lease_a is not None and lease_b is not None and lease_a[1] is None
@@ -480,22 +499,16 @@ async def test_a_batch_of_continued_hops_alone_takes_their_own_statement(databas
                       "wf_ch_cancelled")
         await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
                     "WHERE workflow_id = 'wf_ch_cancelled'")
-        async with held(database_url, "wf_ch_head"):
-            head = asyncio.ensure_future(store.commit_phase(
-                commit_of("wf_ch_head"), lease=Lease("w-a", 600.0)))
-            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
-                           what="the head hop waiting on the held row")
-            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=lease))
-                     for commit, lease in (
-                         (commit_of("wf_ch_a"), Lease("w-a", 600.0)),
-                         (commit_of("wf_ch_b"), Lease("w-b", 30.0)),
-                         (commit_of("wf_ch_stale", seq=3), Lease("w-a", 600.0)),
-                         (commit_of("wf_ch_dup"), Lease("w-a", 600.0)),
-                         (commit_of("wf_ch_dup"), Lease("w-b", 600.0)),
-                         (commit_of("wf_ch_cancelled"), Lease("w-a", 600.0)))]
-            await until_queued(store, len(batch))
-        assert await head is not None
-        hop_a, hop_b, stale, dup_a, dup_b, cancelled = await asyncio.gather(*batch)
+        head, results = await behind_a_held_head(
+            database_url, store, (commit_of("wf_ch_head"), Lease("w-a", 600.0)), [
+                (commit_of("wf_ch_a"), Lease("w-a", 600.0)),
+                (commit_of("wf_ch_b"), Lease("w-b", 30.0)),
+                (commit_of("wf_ch_stale", seq=3), Lease("w-a", 600.0)),
+                (commit_of("wf_ch_dup"), Lease("w-a", 600.0)),
+                (commit_of("wf_ch_dup"), Lease("w-b", 600.0)),
+                (commit_of("wf_ch_cancelled"), Lease("w-a", 600.0))])
+        assert head is not None
+        hop_a, hop_b, stale, dup_a, dup_b, cancelled = _answers(results)
         group = store.group_commit
         assert group is not None and (group.statements, group.alone_batches) == (1, 1)
     assert hop_a == (hop_a[0], None) and hop_b is not None and hop_b[1] is None  # no outbox id
@@ -523,17 +536,11 @@ async def test_a_bad_hop_in_a_batch_of_hops_fails_alone(database_url):
     alone in its own statement, so only the bad one raises and its run stays where it was."""
     async with grouped_store(database_url) as store:
         await running(store, "wf_cb_head", "wf_cb_ok", "wf_cb_bad")
-        async with held(database_url, "wf_cb_head"):
-            head = asyncio.ensure_future(store.commit_phase(
-                commit_of("wf_cb_head"), lease=Lease("w-a", 600.0)))
-            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
-                           what="the head hop waiting on the held row")
-            batch = [asyncio.ensure_future(store.commit_phase(commit, lease=Lease("w-a", 60.0)))
-                     for commit in (commit_of("wf_cb_ok"),
-                                    commit_of("wf_cb_bad", state_json='{"not json'))]
-            await until_queued(store, 2)
-        assert await head is not None
-        ok, failed = await asyncio.gather(*batch, return_exceptions=True)
+        head, (ok, failed) = await behind_a_held_head(
+            database_url, store, (commit_of("wf_cb_head"), Lease("w-a", 600.0)), [
+                (commit_of("wf_cb_ok"), Lease("w-a", 60.0)),
+                (commit_of("wf_cb_bad", state_json='{"not json'), Lease("w-a", 60.0))])
+        assert head is not None
         assert store.group_commit is not None and store.group_commit.statements == 0
     assert isinstance(failed, asyncpg.PostgresError)
     assert ok is not None and not isinstance(ok, BaseException) and ok[1] is None
