@@ -68,6 +68,7 @@ from phasegate.sql import queries
 RUNS = 16
 DESCRIBED_ONCE = "no named statements, the description kept (one round trip)"
 STATE = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 # Each body runs RUNS x phases times, $w the run (0..RUNS-1), $s the phase, then COMMIT.
 COMMIT_HOP = "phasegate_commit_phase, a continued hop (chain lease)"
@@ -111,7 +112,7 @@ SERVER_STATEMENTS = {
     CONTINUE_HOP:
         f"PERFORM phasegate_continue_phase('r' || w, 'main', s, 'p' || s, 1, '{STATE}', "
         "'h', 'p' || (s + 1), NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 600, "
-        "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
+        f"'{TRACE}')",
     "UPDATE workflow_runs SET next_seq (HOT, ten indexes, triggers on)":
         "UPDATE workflow_runs SET next_seq = s + 1, updated_at = now() "
         "WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running'",
@@ -234,18 +235,16 @@ COMMIT_CALLS = {
         (queries()["commit_phase"],
          lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", "running",
                        None, None, None, "w1", None, f"d{w}-{s}", "g",
-                       '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
+                       '{"traceparent": "' + TRACE + '"}',
                        None, None, None, None, None, None, None, "w1", 600.0, None)),
     CONTINUE_HOP:
         (queries()["continue_phase"],
          lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", None, None,
-                       None, "w1", None, None, None, None, None, "w1", 600.0,
-                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")),
+                       None, "w1", None, None, None, None, None, "w1", 600.0, TRACE)),
 }
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Hops per statement in the batches section (16 groups batch about four to five).
 BATCH = 4
-TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _commit_phases_hops(ws: list[int], s: int) -> tuple[Any, ...]:
@@ -422,13 +421,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                            "server": await server(dsn, args.phases)})
         check_rounds = await checks(cluster.dsn, args.phases, args.check_rounds)
         rule_rounds = await rules(cluster.dsn, args.phases, args.check_rounds)
-        dsn = await fresh_database(cluster.dsn)
-        setup = await asyncpg.connect(dsn)
-        try:
-            await setup.execute(SETUP)
-        finally:
-            await setup.close()
-        commit_rounds = await commits(dsn, args.phases, args.check_rounds)
+        commit_rounds = await commits(await _with_setup(cluster.dsn), args.phases,
+                                      args.check_rounds)
         batch_rounds = await batches(await _with_setup(cluster.dsn), args.phases,
                                      args.check_rounds)
     finally:
@@ -445,10 +439,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "checks": {label: statistics.median(v) for label, v in check_rounds.items()},
             "rules_rounds": rule_rounds,
             "rules": {label: statistics.median(v) for label, v in rule_rounds.items()},
-            "commits_rounds": commit_rounds,
-            "commits": {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
-                        for label, v in commit_rounds.items()},
-            **_medians("batches", batch_rounds)}
+            **_medians("commits", commit_rounds), **_medians("batches", batch_rounds)}
 
 
 async def _with_setup(server_dsn: str) -> str:
