@@ -1,6 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
-    python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5] [--only batches]
+    python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
+                                    [--only batches|schemas]
 
 Six measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -41,6 +42,10 @@ Six measurements on a private cluster (bench/common.py), each against its own fr
   reference ``workflow_runs``), and one with neither CHECKs nor triggers, in interleaved
   rounds (the run rows back at seq 0 and the checkpoints deleted and vacuumed between
   rounds): what the constraints and triggers cost each commit.
+- **schemas** (``--only schemas``, run alone): a continued hop on databases at schemas v24,
+  v25 and the newest, in interleaved rounds: inside the server, and as a worker sends it,
+  alone and four per statement, with the WAL each writes: what migrations 0025 (the
+  checkpoints without their foreign key) and 0026 (without their history index) save.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -243,6 +248,9 @@ COMMIT_CALLS = {
                        None, "w1", None, None, None, None, None, "w1", 600.0, TRACE)),
 }
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The private cluster serves nothing else, so the insert position moves with the calls only.
+WAL_POSITION = "SELECT pg_current_wal_insert_lsn()"
+WAL_SINCE = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)::float8"
 # Hops per statement in the batches section (16 groups batch about four to five).
 BATCH = 4
 
@@ -265,11 +273,11 @@ def _continue_phases_hops(ws: list[int], s: int) -> tuple[Any, ...]:
             ["w1"] * n, [600.0] * n, [TRACE] * n)
 
 
+CONTINUE_BATCH = "continued hops through phasegate_continue_phases (migration 0024)"
 BATCH_CALLS = {
     "continued hops as rows of phasegate_commit_phases":
         (queries()["commit_phases"], _commit_phases_hops),
-    "continued hops through phasegate_continue_phases (migration 0024)":
-        (queries()["continue_phases"], _continue_phases_hops),
+    CONTINUE_BATCH: (queries()["continue_phases"], _continue_phases_hops),
 }
 
 
@@ -287,6 +295,7 @@ async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[s
     connection = await connect(dsn)
     try:
         pid = connection.get_server_pid()
+        wal = await connection.fetchval(WAL_POSITION)
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
         for s in range(phases):
             for w in range(0, RUNS, batch):
@@ -297,11 +306,12 @@ async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[s
                     assert len(rows) == batch, f"{label}: {len(rows)} of {batch} hops committed"
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server = _process_cpu_s(pid) - server
+        wal = await connection.fetchval(WAL_SINCE, wal)
     finally:
         await connection.close()
     hops = phases * RUNS
     return {"wall_us": wall / hops * 1e6, "client_cpu_us": cpu / hops * 1e6,
-            "server_cpu_us": server / hops * 1e6}
+            "server_cpu_us": server / hops * 1e6, "wal_bytes": wal / hops}
 
 
 async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
@@ -338,20 +348,30 @@ async def _from_seq_0(dsn: str) -> None:
 
 # The schema before migration 0022 (its row rules re-read from text by every statement).
 RULES_BEFORE = 21
+# The schemas the schemas section compares with the newest: before migration 0025 (the
+# checkpoints' foreign key checked by every insert) and before 0026 (their history index
+# written by every phase).
+SCHEMAS_BEFORE = (24, 25)
 
 
-async def rules(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
-    """The two commit functions' continued hops on a database at schema v21 and on one at the
-    newest, in interleaved rounds: what migration 0022's row rules save each commit."""
+async def _at_schemas(server_dsn: str, *before: int) -> dict[str, str]:
+    """Fresh databases with the setup: one at each schema of ``before``, one at the newest."""
     databases = {}
-    for schema, target in ((f"v{RULES_BEFORE}", RULES_BEFORE), ("newest", None)):
-        dsn = await fresh_database(server_dsn, target)
+    targets: list[tuple[str, int | None]] = [(f"v{b}", b) for b in before]
+    for schema, target in [*targets, ("newest", None)]:
+        databases[schema] = dsn = await fresh_database(server_dsn, target)
         connection = await asyncpg.connect(dsn)
         try:
             await connection.execute(SETUP)
         finally:
             await connection.close()
-        databases[schema] = dsn
+    return databases
+
+
+async def rules(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
+    """The two commit functions' continued hops on a database at schema v21 and on one at the
+    newest, in interleaved rounds: what migration 0022's row rules save each commit."""
+    databases = await _at_schemas(server_dsn, RULES_BEFORE)
     found: dict[str, list[float]] = {}
     for _ in range(rounds):
         for statement in (COMMIT_HOP, CONTINUE_HOP):
@@ -359,6 +379,26 @@ async def rules(server_dsn: str, phases: int, rounds: int) -> dict[str, list[flo
                 await _from_seq_0(dsn)
                 found.setdefault(f"{statement}, schema {schema}", []).append(
                     await _hops(dsn, SERVER_STATEMENTS[statement], phases))
+    return found
+
+
+async def schemas(server_dsn: str, phases: int, rounds: int
+                  ) -> dict[str, list[dict[str, float]]]:
+    """A continued hop on databases at schemas v24, v25 and the newest, in interleaved rounds:
+    inside the server (wall), as a worker sends it alone and BATCH per statement (wall, client
+    CPU, server CPU, WAL): what the checkpoints' foreign key (0025) and their history index
+    (0026) cost each hop."""
+    databases = await _at_schemas(server_dsn, *SCHEMAS_BEFORE)
+    found: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for schema, dsn in databases.items():
+            await _from_seq_0(dsn)
+            found.setdefault(f"inside the server, schema {schema}", []).append(
+                {"wall_us": await _hops(dsn, SERVER_STATEMENTS[CONTINUE_HOP], phases)})
+            found.setdefault(f"alone, as sent, schema {schema}", []).append(
+                await _calls(dsn, CONTINUE_HOP, phases))
+            found.setdefault(f"{BATCH} per statement, as sent, schema {schema}", []).append(
+                await _calls(dsn, CONTINUE_BATCH, phases, batch=BATCH))
     return found
 
 
@@ -408,12 +448,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cluster = PrivateCluster().start()
     rounds: list[dict[str, Any]] = []
     try:
-        if args.only == "batches":
+        if args.only is not None:
+            found = (await batches(await _with_setup(cluster.dsn), args.phases,
+                                   args.check_rounds) if args.only == "batches"
+                     else await schemas(cluster.dsn, args.phases, args.check_rounds))
             return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
                     "machine": machine(),
                     "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
-                    **_medians("batches", await batches(await _with_setup(cluster.dsn),
-                                                        args.phases, args.check_rounds))}
+                    **_medians(args.only, found)}
         for _ in range(args.rounds):
             dsn = await fresh_database(cluster.dsn)
             rounds.append({"driver": {**await driver(dsn, args.calls),
@@ -459,6 +501,14 @@ def _medians(name: str, found: dict[str, list[dict[str, float]]]) -> dict[str, A
 
 
 def markdown(report: dict[str, Any]) -> str:
+    if "schemas" in report:
+        lines = [f"| {CONTINUE_HOP}, by schema (interleaved rounds) | wall per hop (µs) | "
+                 "client CPU per hop (µs) | server CPU per hop (µs) | WAL per hop (bytes) |",
+                 "|---|---:|---:|---:|---:|"]
+        lines += [f"| {label} | {v['wall_us']:.0f} | {v.get('client_cpu_us', 0):.0f} | "
+                  f"{v.get('server_cpu_us', 0):.0f} | {v.get('wal_bytes', 0):.0f} |"
+                  for label, v in report["schemas"].items()]
+        return "\n".join(lines)
     batched = ["", f"| continued hops committed {BATCH} per statement (interleaved rounds) "
                "| wall per hop (µs) | client CPU per hop (µs) | server CPU per hop (µs) |",
                "|---|---:|---:|---:|"]
@@ -494,7 +544,7 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches"], default=None,
+    parser.add_argument("--only", choices=["batches", "schemas"], default=None,
                         help="run one section alone")
     args = parser.parse_args()
     report = asyncio.run(bench(args))

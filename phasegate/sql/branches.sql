@@ -239,7 +239,9 @@ RETURNING branch;
 
 -- name: branch_discarded
 -- A branch phase whose commit failed because its branch was discarded: record what it
--- produced as a 'discarded' checkpoint (never part of a chain, never merged).
+-- produced as a 'discarded' checkpoint (never part of a chain, never merged). The branch row
+-- is read FOR KEY SHARE: deleting the run (which deletes its branches) waits for it, and a
+-- write that comes after finds no branch, so no checkpoint outlives its run (0025).
 INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
                          state_hash, tier, tier_label, worker_id, trace_id)
 SELECT b.workflow_id, b.branch, $3, $4, 'discarded', $5, $6::jsonb, $7, $8, $9, $10, $11
@@ -248,6 +250,7 @@ SELECT b.workflow_id, b.branch, $3, $4, 'discarded', $5, $6::jsonb, $7, $8, $9, 
    AND NOT EXISTS (SELECT 1 FROM checkpoints c
                     WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = $3
                       AND c.kind = 'discarded')
+   FOR KEY SHARE OF b
 RETURNING checkpoint_id;
 
 -- name: branch_failure
@@ -388,7 +391,8 @@ SELECT (SELECT created_at FROM cp) AS committed_at, (SELECT outbox_id FROM ob) A
 -- name: branch_tree
 -- `phasegate inspect --tree` / GET /v1/workflows/{id}/branches: every fork and branch of a
 -- run (nested forks name their parent branch), with each branch's checkpoints
--- (seq:phase:kind) in order.
+-- (seq:phase:kind) in order (the phase and the discarded rows read apart, each through its
+-- index: migration 0026).
 SELECT f.parent_branch, f.fork_seq, f.mode, f.merge_phase, f.status AS fork_status,
        f.resolution, f.winner, f.branch_count, f.pending, f.require_all, f.retries AS
        fork_retries, f.max_retries, coalesce(f.merge_seq, f.fork_seq + 1) AS merge_seq,
@@ -397,9 +401,13 @@ SELECT f.parent_branch, f.fork_seq, f.mode, f.merge_phase, f.status AS fork_stat
        b.tier, b.tier_label, b.error, b.retries,
        coalesce((SELECT array_agg(c.seq || ':' || c.phase || ':' || c.kind
                                   ORDER BY c.seq, c.checkpoint_id)
-                   FROM checkpoints c
-                  WHERE c.workflow_id = b.workflow_id AND c.branch = b.branch
-                    AND c.kind IN ('phase', 'discarded')), '{}') AS steps
+                   FROM (SELECT seq, phase, kind, checkpoint_id FROM checkpoints
+                          WHERE workflow_id = b.workflow_id AND branch = b.branch
+                            AND kind = 'phase'
+                         UNION ALL
+                         SELECT seq, phase, kind, checkpoint_id FROM checkpoints
+                          WHERE workflow_id = b.workflow_id AND branch = b.branch
+                            AND kind = 'discarded') AS c), '{}') AS steps
   FROM forks f
   JOIN branches b ON b.workflow_id = f.workflow_id AND b.parent_branch = f.parent_branch
                  AND b.fork_seq = f.fork_seq

@@ -29,11 +29,15 @@ SELECT workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
  LIMIT $1;
 
 -- name: checkpoints
--- The history of a run in commit order; state only when asked for ($2).
+-- The history of a run in commit order; state only when asked for ($2). The phase rows and
+-- the rare kinds are read apart, each through its own index (migration 0026).
 SELECT checkpoint_id, branch, seq, phase, kind, schema_version, state_hash, tier, tier_label,
        worker_id, created_at, CASE WHEN $2 THEN state::text END AS state
-  FROM checkpoints
- WHERE workflow_id = $1 AND checkpoint_id > $3
+  FROM (SELECT * FROM checkpoints
+         WHERE workflow_id = $1 AND kind = 'phase' AND checkpoint_id > $3
+        UNION ALL
+        SELECT * FROM checkpoints
+         WHERE workflow_id = $1 AND kind <> 'phase' AND checkpoint_id > $3) AS history
  ORDER BY checkpoint_id
  LIMIT $4;
 
@@ -182,12 +186,17 @@ WITH victims AS (
        AND ($2::text IS NULL OR classification = $2)
 )
 SELECT (SELECT count(*) FROM victims) AS runs,
-       (SELECT count(*) FROM checkpoints c JOIN victims v USING (workflow_id)) AS checkpoints,
+       (SELECT count(*) FROM checkpoints c JOIN victims v USING (workflow_id)
+         WHERE c.kind = 'phase')
+     + (SELECT count(*) FROM checkpoints c JOIN victims v USING (workflow_id)
+         WHERE c.kind <> 'phase') AS checkpoints,
        (SELECT count(*) FROM outbox o JOIN victims v USING (workflow_id)) AS outbox;
 
 -- name: purge_batch
 -- One batch, oldest first. Rows locked by a concurrent purge are skipped; other tables that
--- reference workflow_runs go with ON DELETE CASCADE.
+-- reference workflow_runs go with ON DELETE CASCADE. The checkpoints are deleted here (phase
+-- rows and the rare kinds apart, each through its index: 0026) to be counted; any committed
+-- while the batch waited for a run's lock go with the run's trigger (0025).
 WITH victims AS (
     SELECT workflow_id FROM workflow_runs
      WHERE status IN ('completed', 'failed', 'cancelled')
@@ -198,13 +207,18 @@ WITH victims AS (
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 ), cp AS (
-    DELETE FROM checkpoints c USING victims v WHERE c.workflow_id = v.workflow_id RETURNING 1
+    DELETE FROM checkpoints c USING victims v
+     WHERE c.workflow_id = v.workflow_id AND c.kind = 'phase' RETURNING 1
+), rare AS (
+    DELETE FROM checkpoints c USING victims v
+     WHERE c.workflow_id = v.workflow_id AND c.kind <> 'phase' RETURNING 1
 ), ob AS (
     DELETE FROM outbox o USING victims v WHERE o.workflow_id = v.workflow_id RETURNING 1
 ), runs AS (
     DELETE FROM workflow_runs r USING victims v WHERE r.workflow_id = v.workflow_id RETURNING 1
 )
-SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM cp) AS checkpoints,
+SELECT (SELECT count(*) FROM runs) AS runs,
+       (SELECT count(*) FROM cp) + (SELECT count(*) FROM rare) AS checkpoints,
        (SELECT count(*) FROM ob) AS outbox;
 
 -- name: run_exists

@@ -276,12 +276,14 @@ RETURNING quarantine_id;
 
 -- name: emergency_checkpoint
 -- In-phase progress saved under memory pressure; it never moves next_seq and is only
--- written while the run is still at this seq.
+-- written while the run is still at this seq. The run row is read FOR KEY SHARE: a run being
+-- deleted is waited for and then found gone, so no checkpoint outlives its run (0025).
 INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
                          state_hash, worker_id)
 SELECT workflow_id, $2, $3, $4, 'emergency', $5, $6::jsonb, $7, $8
   FROM workflow_runs
  WHERE workflow_id = $1 AND next_seq = $3 AND status = 'running'
+   FOR KEY SHARE
 RETURNING checkpoint_id;
 
 -- =========================================================================================
