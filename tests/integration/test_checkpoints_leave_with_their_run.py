@@ -12,9 +12,9 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from orchestrator.purge import purge
 from phasegate.db import create_pool
 from phasegate.envelope import canonical_json, state_hash
+from phasegate.orchestrator.purge import purge
 from phasegate.sql import queries
 from phasegate.store import Store
 from tests.helpers import fetch, fetchval, wait_for
