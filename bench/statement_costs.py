@@ -1,7 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|schemas]
+                                    [--only batches|commits|schemas]
 
 Six measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -23,8 +23,12 @@ Six measurements on a private cluster (bench/common.py), each against its own fr
 - **commits**: the statements as a worker sends them (phasegate's connection, the
   description kept), each its own transaction with ``synchronous_commit`` on, in interleaved
   rounds: the floor's INSERT; a checkpoint row inserted alone (the one write no design that
-  keeps a checkpoint per phase can skip); ``commit_phase`` on a continued hop; and
-  ``continue_phase`` (migration 0021), the leaner statement that now commits continued hops.
+  keeps a checkpoint per phase can skip); ``commit_phase`` on a continued hop;
+  ``continue_phase`` (migration 0021), the leaner statement that now commits continued hops;
+  and the two statements of a hop with continuation off, ``load_for_phase`` (the check before
+  the phase) and ``commit_phase`` for a plain advance (its outbox row), against
+  ``advance_phase`` (migration 0027), the leaner statement that now commits a plain advance
+  sent alone. Alone with ``--only commits``.
   Wall time, client CPU and the server process's CPU (``/proc/<pid>/stat``) per call: the
   commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
   built on that statement could reach against the floor at one group.
@@ -246,6 +250,25 @@ COMMIT_CALLS = {
         (queries()["continue_phase"],
          lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", None, None,
                        None, "w1", None, None, None, None, None, "w1", 600.0, TRACE)),
+    # With continuation off every hop is these two: the check before the phase, then a
+    # commit that writes the successor's outbox row (which the worker then sends).
+    "phasegate_load_for_phase, the check before a phase (a running run)":
+        (queries()["load_for_phase"], lambda w, s: (f"r{w}", "main", s)),
+    "phasegate_commit_phase, a plain advance (outbox row)":
+        (queries()["commit_phase"],
+         lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", "running",
+                       None, None, None, "w1", None, f"d{w}-{s}", f"r{w}",
+                       '{"v":1,"kind":"phase","workflow_id":"r' + str(w) + '","workflow":"wf",'
+                       '"seq":' + str(s + 1) + ',"phase":"p' + str(s + 1) + '","traceparent":"'
+                       + TRACE + '"}',
+                       None, None, None, None, None, None, None, None, 0.0, None)),
+    "phasegate_advance_phase, a plain advance (migration 0027)":
+        (queries()["advance_phase"],
+         lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", None, None,
+                       None, "w1", None, None, None, None, None, f"d{w}-{s}", f"r{w}",
+                       '{"v":1,"kind":"phase","workflow_id":"r' + str(w) + '","workflow":"wf",'
+                       '"seq":' + str(s + 1) + ',"phase":"p' + str(s + 1) + '","traceparent":"'
+                       + TRACE + '"}')),
 }
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The private cluster serves nothing else, so the insert position moves with the calls only.
@@ -449,8 +472,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     try:
         if args.only is not None:
-            found = (await batches(await _with_setup(cluster.dsn), args.phases,
-                                   args.check_rounds) if args.only == "batches"
+            section = {"batches": batches, "commits": commits}.get(args.only)
+            found = (await section(await _with_setup(cluster.dsn), args.phases,
+                                   args.check_rounds) if section is not None
                      else await schemas(cluster.dsn, args.phases, args.check_rounds))
             return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
                     "machine": machine(),
@@ -501,6 +525,15 @@ def _medians(name: str, found: dict[str, list[dict[str, float]]]) -> dict[str, A
 
 
 def markdown(report: dict[str, Any]) -> str:
+    if "commits" in report and "driver" not in report:
+        floor = report["commits"][next(iter(COMMIT_CALLS))]["wall_us"]
+        lines = ["| one statement as a worker sends it, with its commit (interleaved rounds) "
+                 "| wall (µs) | client CPU (µs) | server CPU (µs) | WAL (bytes) |",
+                 "|---|---:|---:|---:|---:|"]
+        lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
+                  f"{v['server_cpu_us']:.0f} | {v['wal_bytes']:.0f} |"
+                  for label, v in report["commits"].items()]
+        return "\n".join([*lines, "", f"floor wall: {floor:.0f} µs"])
     if "schemas" in report:
         lines = [f"| {CONTINUE_HOP}, by schema (interleaved rounds) | wall per hop (µs) | "
                  "client CPU per hop (µs) | server CPU per hop (µs) | WAL per hop (bytes) |",
@@ -544,7 +577,7 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches", "schemas"], default=None,
+    parser.add_argument("--only", choices=["batches", "commits", "schemas"], default=None,
                         help="run one section alone")
     args = parser.parse_args()
     report = asyncio.run(bench(args))

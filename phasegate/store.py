@@ -208,12 +208,25 @@ class Store:
                 commit.outcome, commit.rerun_of, commit.error, commit.review_json,
                 commit.wait_s, commit.wait_until, commit.wait_signal,
                 lease.holder if lease else None, lease.seconds if lease else 0.0, None)
+        # A plain advance (the run stays running, its successor goes out now) has a leaner
+        # statement of its own for when it commits alone (advance_phase, migration 0027).
+        alone = None
+        if lease is None and successor is not None and commit.status == "running" and not waits:
+            alone = (self._q["advance_phase"], (
+                commit.workflow_id, commit.branch, commit.seq, commit.phase,
+                commit.schema_version, commit.state_json, commit.state_hash, commit.next_phase,
+                commit.tier, commit.tier_label, commit.resource_versions_json,
+                commit.worker_id, commit.trace_id, commit.outcome, commit.rerun_of,
+                commit.error, commit.review_json, successor.dedup_id, successor.group_id,
+                successor_body))
         # A wait (kept signal matched, row due later, run `waiting`) is the single-row
         # statement's alone: commit_phases does not implement it, so those commits never join
         # a group (and commit_phases refuses a row with a wait, which sends its batch to the
         # single-row fallback, should one slip through).
         if self.group_commit is not None and not waits:
-            row = await self.group_commit.commit(args)
+            row = await self.group_commit.commit(args, alone)
+        elif alone is not None:
+            row = await self.pool.fetchrow(alone[0], *alone[1])
         else:
             row = await self.pool.fetchrow(self._q["commit_phase"], *args)
         if row is None or row["committed_at"] is None:

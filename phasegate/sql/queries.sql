@@ -97,6 +97,17 @@ SELECT phasegate_continue_phase(
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20
 ) AS committed_at;
 
+-- name: advance_phase
+-- A plain advance's commit (the phase advanced, the run stays running, its successor goes
+-- through the outbox now: no wait, no chain lease): commit_phase for that case alone, with the
+-- same writes under the same condition. $18-$20: the successor's dedup id, group id and body.
+-- Returns the checkpoint's time and the outbox row's id; no row when the run was no longer at
+-- this seq and running. Sent for a plain advance that commits alone; grouped, it is a row of
+-- commit_phases (phasegate/store.py). The statement is the server function of that name
+-- (migrations/0027_plain_advance_commit.sql).
+SELECT * FROM phasegate_advance_phase(
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20);
+
 -- name: continue_phases
 -- Group commit of continued hops (phasegate/group_commit.py): continue_phase for many runs in
 -- ONE statement, sent when every commit of a batch is a continued hop (a batch with any other

@@ -1,0 +1,144 @@
+"""A plain advance's own commit statement (migration 0027, ``advance_phase``) against real
+PostgreSQL: it writes what the general commit writes for a phase that advanced with its
+successor sent now (run row, position with no chain lease, checkpoint, outbox row), loses its
+row the same way (stale, duplicate, cancelled), ends a chain's lease, and only the worker role
+may call it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phasegate.sql import queries
+from phasegate.store import Lease, PhaseCommit, Store, create_pool
+from tests.helpers import fetch, store_for
+from tests.integration.test_access import denied, login_user
+from tests.integration.test_continued_commit import (
+    CHECKPOINT_COLUMNS,
+    POSITION_COLUMNS,
+    RUN_COLUMNS,
+    TRACEPARENT,
+    hop,
+)
+from tests.integration.test_group_commit import running
+
+OUTBOX_COLUMNS = "branch, seq, group_id, body, due_at, wait_signal, sent_at, lease_holder"
+
+
+async def general_commit(store: Store, commit: PhaseCommit) -> Any:
+    """The same advance through the general statement (commit_phase), as a worker of the
+    previous release commits it."""
+    successor = commit.successor
+    assert successor is not None
+    return await store.pool.fetchrow(
+        queries()["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
+        commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
+        commit.next_phase, commit.status, commit.tier, commit.tier_label,
+        commit.resource_versions_json, commit.worker_id, commit.trace_id, successor.dedup_id,
+        successor.group_id, successor.to_json(), commit.outcome, commit.rerun_of,
+        commit.error, commit.review_json, None, None, None, None, 0.0, None)
+
+
+async def written(database_url: str, workflow_id: str) -> tuple[Any, ...]:
+    """The run row, its position, its checkpoints and its successors' outbox rows (with the
+    run's own id in the body replaced, so two runs' rows compare)."""
+    run = await fetch(database_url, f"SELECT {RUN_COLUMNS} FROM workflow_runs "
+                      "WHERE workflow_id = $1", workflow_id)
+    position = await fetch(database_url, f"SELECT {POSITION_COLUMNS} FROM run_positions "
+                           "WHERE workflow_id = $1", workflow_id)
+    checkpoints = await fetch(database_url, f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints "
+                              "WHERE workflow_id = $1 ORDER BY seq", workflow_id)
+    outbox = await fetch(database_url, f"SELECT {OUTBOX_COLUMNS} FROM outbox "
+                         "WHERE workflow_id = $1 AND seq > 0 ORDER BY seq", workflow_id)
+    rows = [tuple(str(v).replace(workflow_id, "<id>") for v in row) for row in outbox]
+    return (tuple(run[0]), tuple(position[0]) if position else None,
+            [tuple(c) for c in checkpoints], rows)
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"tier": 2, "tier_label": "gold", "resource_versions_json": '{"doc": "v7"}',
+     "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "review_json": '{"note": "kept"}',
+     "outcome": "retry", "rerun_of": 0, "error": "below its tier"},
+], ids=["plain", "every-column"])
+async def test_a_plain_advance_writes_what_the_general_commit_writes(database_url, fields):
+    """Two runs, two advances each: one through advance_phase (the store, each commit alone),
+    one through commit_phase. Run row, position, checkpoints and outbox rows come out the
+    same, and each advance hands back its outbox row's id to send."""
+    async with store_for(database_url) as store:
+        assert store.group_commit is None  # each commit alone: the lean statement itself
+        await running(store, "pa-lean", "pa-general")
+        for seq in range(2):
+            lean = await store.commit_phase(hop("pa-lean", seq, **fields))
+            assert lean is not None and lean[1] is not None
+            general = await general_commit(store, hop("pa-general", seq, **fields))
+            assert general is not None and general["outbox_id"] is not None
+    lean_rows = await written(database_url, "pa-lean")
+    assert lean_rows == await written(database_url, "pa-general")
+    run, position, checkpoints, outbox = lean_rows
+    assert run[:3] == ("running", 2, "p2")
+    assert position is not None and position[5:] == (None, None, None)
+    assert [c[1] for c in checkpoints] == [0, 1]
+    assert [row[1] for row in outbox] == ["1", "2"]
+    assert all(row[4:] == ("None",) * 4 for row in outbox)  # due now, unsent, no lease
+    assert f'"traceparent":"{TRACEPARENT}"' in outbox[0][3]
+
+
+async def test_the_last_hop_of_a_chain_ends_its_lease(database_url):
+    """A chain's hop leaves a lease on the position; the hop that hands off through SQS is a
+    plain advance, which clears it as commit_phase does."""
+    async with store_for(database_url) as store:
+        await running(store, "pa-chain")
+        assert await store.commit_phase(hop("pa-chain", 0), lease=Lease("w-1", 600.0))
+        leased = await written(database_url, "pa-chain")
+        assert leased[1] is not None and leased[1][5] == "w-1"
+        handed_off = await store.commit_phase(hop("pa-chain", 1))
+    assert handed_off is not None and handed_off[1] is not None
+    run, position, _, outbox = await written(database_url, "pa-chain")
+    assert run[:2] == ("running", 2)
+    assert position is not None and position[5:] == (None, None, None)
+    assert [row[1] for row in outbox] == ["2"]
+
+
+async def test_a_stale_duplicate_or_cancelled_advance_commits_nothing(database_url):
+    async with store_for(database_url) as store:
+        await running(store, "pa-stale", "pa-dup", "pa-cancelled")
+        assert await store.commit_phase(hop("pa-stale", 3)) is None
+        assert await store.commit_phase(hop("pa-dup")) is not None
+        assert await store.commit_phase(hop("pa-dup")) is None
+        await fetch(database_url, "UPDATE workflow_runs SET status = 'cancelled' "
+                    "WHERE workflow_id = 'pa-cancelled'")
+        assert await store.commit_phase(hop("pa-cancelled")) is None
+    stale, dup, cancelled = [await written(database_url, w)
+                             for w in ("pa-stale", "pa-dup", "pa-cancelled")]
+    assert stale[0][:2] == ("running", 0) and stale[2] == [] and stale[3] == []
+    assert dup[0][:2] == ("running", 1) and len(dup[2]) == 1 and len(dup[3]) == 1
+    assert cancelled[0][:2] == ("cancelled", 0) and cancelled[2] == [] and cancelled[3] == []
+
+
+async def test_only_the_worker_role_may_commit_a_plain_advance(database_url):
+    async with store_for(database_url) as store:
+        await running(store, "pa-role", "pa-denied")
+    async with login_user(database_url, "phasegate_worker") as dsn:
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            assert await Store(pool).commit_phase(hop("pa-role")) is not None
+        finally:
+            await pool.close()
+    async with login_user(database_url, "phasegate_orchestrator") as dsn:
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as connection:
+                commit = hop("pa-denied")
+                successor = commit.successor
+                assert successor is not None
+                assert await denied(
+                    connection, queries()["advance_phase"], commit.workflow_id, "main", 0,
+                    "p0", 1, commit.state_json, commit.state_hash, "p1", None, None, None,
+                    "w-1", None, None, None, None, None, successor.dedup_id,
+                    successor.group_id, successor.to_json())
+        finally:
+            await pool.close()
+    assert (await written(database_url, "pa-role"))[0][1] == 1
+    assert (await written(database_url, "pa-denied"))[0][1] == 0
