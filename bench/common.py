@@ -203,7 +203,7 @@ class ServerMeter:
 
     async def __aenter__(self) -> ServerMeter:
         self._admin = await asyncpg.connect(self.server_dsn)
-        self._cpu = await self._backend_cpu()
+        self._cpu = {pid: value for pid, (_, value) in (await self._backend_cpu()).items()}
         self._lsn = await self._admin.fetchval("SELECT pg_current_wal_lsn()::text")
         return self
 
@@ -211,21 +211,33 @@ class ServerMeter:
         await self._admin.close()
 
     async def read(self) -> dict[str, float]:
-        """CPU seconds and WAL bytes since entering (backends new in the window count whole)."""
+        """CPU seconds and WAL bytes since entering (backends new in the window count whole):
+        the client backends' (the statements' own cost) and, apart, the autovacuum workers'
+        that visited the database meanwhile (whether one comes within a short window is
+        chance)."""
         wal = await self._admin.fetchval(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", self._lsn)
         now = await self._backend_cpu()
-        cpu = sum(value - self._cpu.get(pid, 0.0) for pid, value in now.items())
-        return {"server_cpu_s": cpu, "wal_bytes": float(wal), "backends": float(len(now))}
+        cpu = {kind: sum(value - self._cpu.get(pid, 0.0) for pid, value in found.items())
+               for kind, found in self._by_kind(now).items()}
+        return {"server_cpu_s": cpu["client"], "autovacuum_cpu_s": cpu["autovacuum"],
+                "wal_bytes": float(wal), "backends": float(len(now))}
 
-    async def _backend_cpu(self) -> dict[int, float]:
-        pids = [r["pid"] for r in await self._admin.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1", self.database)]
+    def _by_kind(self, now: dict[int, tuple[str, float]]) -> dict[str, dict[int, float]]:
+        found: dict[str, dict[int, float]] = {"client": {}, "autovacuum": {}}
+        for pid, (kind, value) in now.items():
+            found["autovacuum" if kind.startswith("autovacuum") else "client"][pid] = value
+        return found
+
+    async def _backend_cpu(self) -> dict[int, tuple[str, float]]:
+        rows = await self._admin.fetch(
+            "SELECT pid, coalesce(backend_type, '') AS kind FROM pg_stat_activity "
+            "WHERE datname = $1", self.database)
         found = {}
-        for pid in pids:
-            ticks = _cpu_ticks(pid)
+        for row in rows:
+            ticks = _cpu_ticks(row["pid"])
             if ticks is not None:
-                found[pid] = ticks * self.TICK_S
+                found[row["pid"]] = (row["kind"], ticks * self.TICK_S)
         return found
 
 

@@ -246,6 +246,8 @@ async def _timed(run: Callable[[], Awaitable[None]], workload: Workload, env: En
     return {"cpu_s": cpu, "wall_s": wall,
             "cpu_per_transition_us": cpu / workload.transitions * 1e6,
             "server_cpu_per_transition_us": server["server_cpu_s"] / workload.transitions * 1e6,
+            "autovacuum_cpu_per_transition_us":
+                server["autovacuum_cpu_s"] / workload.transitions * 1e6,
             "wal_bytes_per_transition": server["wal_bytes"] / workload.transitions,
             "round_trips": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
 
@@ -285,7 +287,8 @@ async def timed_runs(env: Env, workload: Workload, repeats: int, old_floor: bool
                   f"{figures['cpu_per_transition_us']:6.0f} us  p50 "
                   f"{figures['latency_p50_ms']:6.2f} ms  p99 {figures['latency_p99_ms']:6.2f} ms"
                   f"  sqs {figures['sqs_calls_per_transition']:.2f}/t  pg cpu "
-                  f"{figures['server_cpu_per_transition_us']:5.0f} us  wal "
+                  f"{figures['server_cpu_per_transition_us']:5.0f} us  autovacuum "
+                  f"{figures.get('autovacuum_cpu_per_transition_us', 0):4.0f} us  wal "
                   f"{figures['wal_bytes_per_transition']:5.0f} B", flush=True)
 
 
