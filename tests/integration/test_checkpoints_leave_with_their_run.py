@@ -64,6 +64,15 @@ async def every_kind(database_url: str, workflow_id: str) -> None:
     await fetch(database_url, CHECKPOINT, workflow_id, "f0.0", 1, "discarded")
 
 
+async def one_waiting(database_url: str, what: str) -> None:
+    """Until exactly one backend of the database waits on a lock."""
+
+    async def waiting() -> bool:
+        return await waiting_on_locks(database_url) == 1
+
+    await wait_for(waiting, timeout=30, what=what)
+
+
 async def test_the_foreign_key_and_the_history_index_are_gone(database_url):
     """What the migrations took off the hot insert; the rare kinds' index is there instead."""
     foreign = await fetchval(database_url, "SELECT count(*) FROM pg_constraint WHERE "
@@ -104,11 +113,7 @@ async def test_a_checkpoint_committed_while_the_delete_waited_goes_too(database_
         assert written is not None
         deleting = asyncio.ensure_future(
             deleter.execute("DELETE FROM workflow_runs WHERE workflow_id = 'wf_race'"))
-
-        async def delete_waits() -> bool:
-            return await waiting_on_locks(database_url) == 1
-
-        await wait_for(delete_waits, timeout=30, what="the DELETE waiting on the run's row")
+        await one_waiting(database_url, "the DELETE waiting on the run's row")
         await transaction.commit()
         assert await deleting == "DELETE 1"
     finally:
@@ -137,11 +142,7 @@ async def test_a_checkpoint_written_behind_a_delete_writes_nothing(database_url,
                             "{}", "h", "w1") if kind == "emergency"
             else writer.fetchval(queries("branches.sql")["branch_discarded"], "wf_late",
                                  "f0.0", 1, "p", 1, "{}", "h", None, None, "w1", None))
-
-        async def writer_waits() -> bool:
-            return await waiting_on_locks(database_url) == 1
-
-        await wait_for(writer_waits, timeout=30, what=f"the {kind} checkpoint waiting")
+        await one_waiting(database_url, f"the {kind} checkpoint waiting")
         await transaction.commit()
         assert await writing is None  # no row to write for: nothing written
     finally:

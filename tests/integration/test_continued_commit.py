@@ -38,9 +38,9 @@ def hop(workflow_id: str, seq: int = 0, **fields: Any) -> PhaseCommit:
     return replace(commit, **fields)
 
 
-async def general_commit(store: Store, commit: PhaseCommit, lease: Lease) -> Any:
-    """The same hop through the general statement (commit_phase), as a worker of the
-    previous release commits it."""
+async def general_commit(store: Store, commit: PhaseCommit, lease: Lease | None) -> Any:
+    """The same commit through the general statement (commit_phase), as a worker of the
+    previous release commits it (``lease``: a continued hop's; none for a plain advance)."""
     successor = commit.successor
     assert successor is not None
     return await store.pool.fetchrow(
@@ -49,7 +49,8 @@ async def general_commit(store: Store, commit: PhaseCommit, lease: Lease) -> Any
         commit.next_phase, commit.status, commit.tier, commit.tier_label,
         commit.resource_versions_json, commit.worker_id, commit.trace_id, successor.dedup_id,
         successor.group_id, successor.to_json(), commit.outcome, commit.rerun_of,
-        commit.error, commit.review_json, None, None, None, lease.holder, lease.seconds, None)
+        commit.error, commit.review_json, None, None, None,
+        lease.holder if lease else None, lease.seconds if lease else 0.0, None)
 
 
 async def written(database_url: str, workflow_id: str) -> tuple[Any, ...]:

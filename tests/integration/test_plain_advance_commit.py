@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from phasegate.sql import queries
-from phasegate.store import Lease, PhaseCommit, Store, create_pool
+from phasegate.store import Lease, Store, create_pool
 from tests.helpers import fetch, store_for
 from tests.integration.test_access import denied, login_user
 from tests.integration.test_continued_commit import (
@@ -19,25 +19,12 @@ from tests.integration.test_continued_commit import (
     POSITION_COLUMNS,
     RUN_COLUMNS,
     TRACEPARENT,
+    general_commit,
     hop,
 )
 from tests.integration.test_group_commit import running
 
 OUTBOX_COLUMNS = "branch, seq, group_id, body, due_at, wait_signal, sent_at, lease_holder"
-
-
-async def general_commit(store: Store, commit: PhaseCommit) -> Any:
-    """The same advance through the general statement (commit_phase), as a worker of the
-    previous release commits it."""
-    successor = commit.successor
-    assert successor is not None
-    return await store.pool.fetchrow(
-        queries()["commit_phase"], commit.workflow_id, commit.branch, commit.seq,
-        commit.phase, commit.schema_version, commit.state_json, commit.state_hash,
-        commit.next_phase, commit.status, commit.tier, commit.tier_label,
-        commit.resource_versions_json, commit.worker_id, commit.trace_id, successor.dedup_id,
-        successor.group_id, successor.to_json(), commit.outcome, commit.rerun_of,
-        commit.error, commit.review_json, None, None, None, None, 0.0, None)
 
 
 async def written(database_url: str, workflow_id: str) -> tuple[Any, ...]:
@@ -72,7 +59,7 @@ async def test_a_plain_advance_writes_what_the_general_commit_writes(database_ur
         for seq in range(2):
             lean = await store.commit_phase(hop("pa-lean", seq, **fields))
             assert lean is not None and lean[1] is not None
-            general = await general_commit(store, hop("pa-general", seq, **fields))
+            general = await general_commit(store, hop("pa-general", seq, **fields), None)
             assert general is not None and general["outbox_id"] is not None
     lean_rows = await written(database_url, "pa-lean")
     assert lean_rows == await written(database_url, "pa-general")
