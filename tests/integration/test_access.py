@@ -74,6 +74,17 @@ async def login_user(dsn: str, group: str) -> AsyncIterator[str]:
         await admin.close()
 
 
+@asynccontextmanager
+async def store_as(dsn: str, group: str) -> AsyncIterator[Store]:
+    """A store over one connection of a LOGIN user in ``group`` (``login_user``)."""
+    async with login_user(dsn, group) as user_dsn:
+        pool = await create_pool(user_dsn, min_size=1, max_size=1)
+        try:
+            yield Store(pool)
+        finally:
+            await pool.close()
+
+
 async def finished_run(settings) -> str:
     pool = await create_pool(settings.database_url, min_size=1, max_size=1)
     try:

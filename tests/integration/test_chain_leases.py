@@ -10,9 +10,9 @@ import json
 from phasegate import chains
 from phasegate.envelope import Envelope, canonical_json, phase_message, start_message, state_hash
 from phasegate.orchestrator.relay import Relay
-from phasegate.store import Lease, PhaseCommit, Store, create_pool
+from phasegate.store import Lease, PhaseCommit, Store
 from tests.helpers import fetch, fetchval, queue_for, store_for
-from tests.integration.test_access import denied, login_user
+from tests.integration.test_access import denied, store_as
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -150,16 +150,11 @@ async def test_the_orchestrator_role_rescues_and_cannot_extend(database_url):
     async with store_for(database_url) as store:
         await chained(store, "cl-role")
     await expire(database_url, "cl-role")
-    async with login_user(database_url, "phasegate_orchestrator") as dsn:
-        pool = await create_pool(dsn, min_size=1, max_size=1)
-        try:
-            orchestrator = Store(pool)
-            [dead] = await orchestrator.expired_chains(10)
-            assert await chains.rescue(orchestrator, dead, Lease("relay-1", 30.0)) is not None
-            async with pool.acquire() as connection:
-                assert await denied(connection, "SELECT phasegate_extend_chains("
-                                    "ARRAY['cl-role'], 'w-1', 60)")
-                assert await denied(connection, "UPDATE run_positions SET chain_holder = 'x'")
-        finally:
-            await pool.close()
+    async with store_as(database_url, "phasegate_orchestrator") as orchestrator:
+        [dead] = await orchestrator.expired_chains(10)
+        assert await chains.rescue(orchestrator, dead, Lease("relay-1", 30.0)) is not None
+        async with orchestrator.pool.acquire() as connection:
+            assert await denied(connection, "SELECT phasegate_extend_chains("
+                                "ARRAY['cl-role'], 'w-1', 60)")
+            assert await denied(connection, "UPDATE run_positions SET chain_holder = 'x'")
     assert await position(database_url, "cl-role") == (2, None, None)

@@ -12,9 +12,9 @@ import pytest
 
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.sql import queries
-from phasegate.store import Lease, PhaseCommit, Store, create_pool
+from phasegate.store import Lease, PhaseCommit, Store
 from tests.helpers import fetch, fetchval, store_for
-from tests.integration.test_access import denied, login_user
+from tests.integration.test_access import denied, store_as
 from tests.integration.test_group_commit import behind_a_held_head, grouped_store, running
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -170,29 +170,20 @@ async def test_only_the_worker_role_may_commit_a_continued_hop(database_url):
     may call it, the orchestrator's may not."""
     async with store_for(database_url) as store:
         await running(store, "cc-role", "cc-denied")
-    async with login_user(database_url, "phasegate_worker") as dsn:
-        pool = await create_pool(dsn, min_size=1, max_size=1)
-        try:
-            assert await Store(pool).commit_phase(hop("cc-role"),
-                                                  lease=Lease("w-1", 60.0)) is not None
-        finally:
-            await pool.close()
-    async with login_user(database_url, "phasegate_orchestrator") as dsn:
-        pool = await create_pool(dsn, min_size=1, max_size=1)
-        try:
-            async with pool.acquire() as connection:
-                commit = hop("cc-denied")
-                assert await denied(
-                    connection, queries()["continue_phase"], commit.workflow_id, "main", 0,
-                    "p0", 1, commit.state_json, commit.state_hash, "p1", None, None, None,
-                    "w-1", None, None, None, None, None, "w-1", 60.0, TRACEPARENT)
-                assert await denied(
-                    connection, queries()["continue_phases"], [commit.workflow_id], ["main"],
-                    [0], ["p0"], [1], [commit.state_json], [commit.state_hash], ["p1"], [None],
-                    [None], [None], ["w-1"], [None], [None], [None], [None], [None], ["w-1"],
-                    [60.0], [TRACEPARENT])
-        finally:
-            await pool.close()
+    async with store_as(database_url, "phasegate_worker") as worker:
+        assert await worker.commit_phase(hop("cc-role"), lease=Lease("w-1", 60.0)) is not None
+    async with (store_as(database_url, "phasegate_orchestrator") as orchestrator,
+                orchestrator.pool.acquire() as connection):
+        commit = hop("cc-denied")
+        assert await denied(
+            connection, queries()["continue_phase"], commit.workflow_id, "main", 0, "p0",
+            1, commit.state_json, commit.state_hash, "p1", None, None, None, "w-1", None,
+            None, None, None, None, "w-1", 60.0, TRACEPARENT)
+        assert await denied(
+            connection, queries()["continue_phases"], [commit.workflow_id], ["main"], [0],
+            ["p0"], [1], [commit.state_json], [commit.state_hash], ["p1"], [None], [None],
+            [None], ["w-1"], [None], [None], [None], [None], [None], ["w-1"], [60.0],
+            [TRACEPARENT])
     assert (await written(database_url, "cc-role"))[0][1] == 1
     assert (await written(database_url, "cc-denied"))[0][1] == 0
 

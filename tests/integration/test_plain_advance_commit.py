@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from phasegate.sql import queries
-from phasegate.store import Lease, Store, create_pool
+from phasegate.store import Lease
 from tests.helpers import fetch, store_for
-from tests.integration.test_access import denied, login_user
+from tests.integration.test_access import denied, store_as
 from tests.integration.test_continued_commit import (
     CHECKPOINT_COLUMNS,
     POSITION_COLUMNS,
@@ -107,25 +107,17 @@ async def test_a_stale_duplicate_or_cancelled_advance_commits_nothing(database_u
 async def test_only_the_worker_role_may_commit_a_plain_advance(database_url):
     async with store_for(database_url) as store:
         await running(store, "pa-role", "pa-denied")
-    async with login_user(database_url, "phasegate_worker") as dsn:
-        pool = await create_pool(dsn, min_size=1, max_size=1)
-        try:
-            assert await Store(pool).commit_phase(hop("pa-role")) is not None
-        finally:
-            await pool.close()
-    async with login_user(database_url, "phasegate_orchestrator") as dsn:
-        pool = await create_pool(dsn, min_size=1, max_size=1)
-        try:
-            async with pool.acquire() as connection:
-                commit = hop("pa-denied")
-                successor = commit.successor
-                assert successor is not None
-                assert await denied(
-                    connection, queries()["advance_phase"], commit.workflow_id, "main", 0,
-                    "p0", 1, commit.state_json, commit.state_hash, "p1", None, None, None,
-                    "w-1", None, None, None, None, None, successor.dedup_id,
-                    successor.group_id, successor.to_json())
-        finally:
-            await pool.close()
+    async with store_as(database_url, "phasegate_worker") as worker:
+        assert await worker.commit_phase(hop("pa-role")) is not None
+    async with (store_as(database_url, "phasegate_orchestrator") as orchestrator,
+                orchestrator.pool.acquire() as connection):
+        commit = hop("pa-denied")
+        successor = commit.successor
+        assert successor is not None
+        assert await denied(
+            connection, queries()["advance_phase"], commit.workflow_id, "main", 0, "p0",
+            1, commit.state_json, commit.state_hash, "p1", None, None, None, "w-1", None,
+            None, None, None, None, successor.dedup_id, successor.group_id,
+            successor.to_json())
     assert (await written(database_url, "pa-role"))[0][1] == 1
     assert (await written(database_url, "pa-denied"))[0][1] == 0
