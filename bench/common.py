@@ -56,6 +56,37 @@ CREATE TABLE bench_invocations (
     at timestamptz NOT NULL DEFAULT clock_timestamp());
 """
 
+# What a database in use holds besides the runs being measured, and its statistics
+# (``Databases(history=N)``): N finished runs of HISTORY_PHASES phases, their checkpoints and
+# sent outbox rows, and as many rows in the floor's table. On a fresh, never-analyzed database
+# the planner sizes tables from a page or two, so the plans a pooled connection caches in its
+# first statements scan tables that then grow through the run: a cost that grows with every
+# phase committed and that a database in use (analyzed by autovacuum) never pays.
+HISTORY_PREFIX = "history-"
+HISTORY_PHASES = 10
+HISTORY_RUNS = 2000  # the benchmarks' default (--history)
+HISTORY = f"""
+INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, current_phase,
+                           schema_version, input, created_at, updated_at, finished_at)
+SELECT '{HISTORY_PREFIX}' || r, 'history', 'completed', {HISTORY_PHASES}, NULL, 1, '{{}}',
+       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+  FROM generate_series(1, $1) r;
+INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,
+                         state_hash, worker_id, created_at)
+SELECT '{HISTORY_PREFIX}' || r, 'main', s, 'p' || s, 'phase', 1, '{{"n": 1}}', 'h', 'w',
+       now() - interval '1 day'
+  FROM generate_series(1, $1) r, generate_series(0, {HISTORY_PHASES - 1}) s;
+INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body, created_at, sent_at)
+SELECT '{HISTORY_PREFIX}' || r, 'main', s, '{HISTORY_PREFIX}' || r || '-' || s,
+       '{HISTORY_PREFIX}' || r, '{{}}', now() - interval '1 day', now() - interval '1 day'
+  FROM generate_series(1, $1) r, generate_series(1, {HISTORY_PHASES - 1}) s;
+INSERT INTO bench_floor (workflow_id, seq, state, committed_at)
+SELECT '{HISTORY_PREFIX}' || r, s, '{{"n": 1}}', now() - interval '1 day'
+  FROM generate_series(1, $1) r, generate_series(0, {HISTORY_PHASES - 1}) s;
+"""
+# Rows of the measured runs only (read-backs of commit times, "done" checks).
+MEASURED = f"workflow_id NOT LIKE '{HISTORY_PREFIX}%'"
+
 
 def write_results(kind: str, report: dict[str, Any], label: str = "") -> Path:
     """``report`` as bench/results/<kind>-<its "when", compact>[-<label>].json; the path."""
@@ -87,6 +118,10 @@ class PrivateCluster(EmbeddedPostgres):
     page writes on, unlike the embedded test server): the WAL position then moves only with
     the benchmark's own writes, so WAL bytes per transition can be read from it."""
 
+    # More server settings (``-c name=value ...``): bench/server_statements.py preloads
+    # pg_stat_statements.
+    options = ""
+
     def start(self) -> PrivateCluster:
         pg_bin = find_pg_bin()
         self._owned_dir = tempfile.mkdtemp(prefix="phasegate-bench-pg-")
@@ -99,7 +134,7 @@ class PrivateCluster(EmbeddedPostgres):
         self._run([str(pg_bin / "pg_ctl"), "-D", str(self.data_dir), "-w", "-l",
                    str(Path(self._owned_dir) / "server.log"), "-o",
                    f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._owned_dir} "
-                   "-c max_connections=200 -c shared_buffers=128MB", "start"])
+                   f"-c max_connections=200 -c shared_buffers=128MB {self.options}", "start"])
         return self
 
 
@@ -107,9 +142,11 @@ class Databases:
     """A server (a private cluster by default; an explicit DSN, $PHASEGATE_BENCH_DATABASE_URL
     or 127.0.0.1:5432 otherwise), a migrated template, and a fresh clone of it for every run."""
 
-    def __init__(self, server_dsn: str | None = None, *, private: bool = False) -> None:
+    def __init__(self, server_dsn: str | None = None, *, private: bool = False,
+                 history: int = 0) -> None:
         self._explicit = server_dsn
         self._private = private
+        self._history = history
         self._embedded: EmbeddedPostgres | None = None
         self.server_dsn = ""
         self.template = f"bench_tpl_{uuid.uuid4().hex[:10]}"
@@ -129,6 +166,12 @@ class Databases:
         connection = await asyncpg.connect(with_database(dsn, self.template))
         try:
             await connection.execute(FLOOR_TABLE)
+            if self._history:
+                # Statement by statement: asyncpg sends parameters with one statement only.
+                for statement in HISTORY.split(";\n")[:-1]:
+                    await connection.execute(statement, self._history)
+                # The clones copy the template's statistics with its rows.
+                await connection.execute("ANALYZE")
         finally:
             await connection.close()
         return self

@@ -1,7 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|commits|schemas]
+                                    [--only batches|commits|schemas|loads]
 
 Six measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -50,6 +50,10 @@ Six measurements on a private cluster (bench/common.py), each against its own fr
   v25 and the newest, in interleaved rounds: inside the server, and as a worker sends it,
   alone and four per statement, with the WAL each writes: what migrations 0025 (the
   checkpoints without their foreign key) and 0026 (without their history index) save.
+- **loads** (``--only loads``, run alone): the check before a phase for a running run (nothing
+  to claim) on databases at schema v27 and the newest, analyzed, in interleaved rounds:
+  inside the server and as a worker sends it: what migration 0028 (a read first, the claim
+  only when one is due) saves each message.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -86,6 +90,7 @@ CONTINUE_HOP = "phasegate_continue_phase, a continued hop (migration 0021)"
 # table's indexes, CHECKs and foreign key (which locks the run row: nothing else in the
 # transaction did).
 CHECKPOINT_ALONE = "checkpoint INSERT alone (no run row, no position)"
+LOAD = "phasegate_load_for_phase, the check before a phase (a running run)"
 DROP_CHECKS = """
 DO $$ DECLARE c record; BEGIN
     FOR c IN SELECT conrelid::regclass AS rel, conname FROM pg_constraint
@@ -252,8 +257,7 @@ COMMIT_CALLS = {
                        None, "w1", None, None, None, None, None, "w1", 600.0, TRACE)),
     # With continuation off every hop is these two: the check before the phase, then a
     # commit that writes the successor's outbox row (which the worker then sends).
-    "phasegate_load_for_phase, the check before a phase (a running run)":
-        (queries()["load_for_phase"], lambda w, s: (f"r{w}", "main", s)),
+    LOAD: (queries()["load_for_phase"], lambda w, s: (f"r{w}", "main", s)),
     "phasegate_commit_phase, a plain advance (outbox row)":
         (queries()["commit_phase"],
          lambda w, s: (f"r{w}", "main", s, f"p{s}", 1, STATE, "h", f"p{s + 1}", "running",
@@ -297,6 +301,7 @@ def _continue_phases_hops(ws: list[int], s: int) -> tuple[Any, ...]:
 
 
 CONTINUE_BATCH = "continued hops through phasegate_continue_phases (migration 0024)"
+
 BATCH_CALLS = {
     "continued hops as rows of phasegate_commit_phases":
         (queries()["commit_phases"], _commit_phases_hops),
@@ -357,14 +362,14 @@ async def batches(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
     return found
 
 
-async def _from_seq_0(dsn: str) -> None:
+async def _from_seq_0(dsn: str, *, analyze: bool = False) -> None:
     """Every run back at seq 0, no checkpoint, no outbox or floor row, the written tables
-    vacuumed: each round starts from the same pages."""
+    vacuumed (and analyzed, with ``analyze``): each round starts from the same pages."""
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute(BACK_TO_SEQ_0 + "; DELETE FROM bench_floor")
         for table in ("workflow_runs", "run_positions", "checkpoints", "outbox", "bench_floor"):
-            await connection.execute(f"VACUUM {table}")
+            await connection.execute(f"VACUUM {'ANALYZE ' if analyze else ''}{table}")
     finally:
         await connection.close()
 
@@ -425,6 +430,28 @@ async def schemas(server_dsn: str, phases: int, rounds: int
     return found
 
 
+# The schema the loads section compares with the newest: before migration 0028 (the claim's
+# UPDATEs prepared for every message).
+LOADS_BEFORE = 27
+
+
+async def loads(server_dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The check before a phase of a running run on databases at schema v27 and the newest
+    (analyzed, as a database in use is), in interleaved rounds: inside the server (wall) and
+    as a worker sends it (wall, client CPU, server CPU)."""
+    databases = await _at_schemas(server_dsn, LOADS_BEFORE)
+    inside = "PERFORM * FROM phasegate_load_for_phase('r' || w, 'main', s)"
+    found: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for schema, dsn in databases.items():
+            await _from_seq_0(dsn, analyze=True)
+            found.setdefault(f"inside the server, schema {schema}", []).append(
+                {"wall_us": await _hops(dsn, inside, phases)})
+            found.setdefault(f"alone, as sent, schema {schema}", []).append(
+                await _calls(dsn, LOAD, phases))
+    return found
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
     """The commit function's continued hop with and without the CHECK constraints, and with
     and without the triggers of the tables it writes (the foreign keys' among them)."""
@@ -473,9 +500,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.only is not None:
             section = {"batches": batches, "commits": commits}.get(args.only)
+            by_schema = {"schemas": schemas, "loads": loads}.get(args.only, schemas)
             found = (await section(await _with_setup(cluster.dsn), args.phases,
                                    args.check_rounds) if section is not None
-                     else await schemas(cluster.dsn, args.phases, args.check_rounds))
+                     else await by_schema(cluster.dsn, args.phases, args.check_rounds))
             return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
                     "machine": machine(),
                     "command": "python -m bench.statement_costs " + " ".join(sys.argv[1:]),
@@ -534,13 +562,15 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{v['server_cpu_us']:.0f} | {v['wal_bytes']:.0f} |"
                   for label, v in report["commits"].items()]
         return "\n".join([*lines, "", f"floor wall: {floor:.0f} µs"])
-    if "schemas" in report:
-        lines = [f"| {CONTINUE_HOP}, by schema (interleaved rounds) | wall per hop (µs) | "
-                 "client CPU per hop (µs) | server CPU per hop (µs) | WAL per hop (bytes) |",
+    for section, what in (("schemas", CONTINUE_HOP), ("loads", LOAD)):
+        if section not in report:
+            continue
+        lines = [f"| {what}, by schema (interleaved rounds) | wall per call (µs) | "
+                 "client CPU per call (µs) | server CPU per call (µs) | WAL per call (bytes) |",
                  "|---|---:|---:|---:|---:|"]
         lines += [f"| {label} | {v['wall_us']:.0f} | {v.get('client_cpu_us', 0):.0f} | "
                   f"{v.get('server_cpu_us', 0):.0f} | {v.get('wal_bytes', 0):.0f} |"
-                  for label, v in report["schemas"].items()]
+                  for label, v in report[section].items()]
         return "\n".join(lines)
     batched = ["", f"| continued hops committed {BATCH} per statement (interleaved rounds) "
                "| wall per hop (µs) | client CPU per hop (µs) | server CPU per hop (µs) |",
@@ -577,7 +607,8 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches", "commits", "schemas"], default=None,
+    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads"],
+                        default=None,
                         help="run one section alone")
     args = parser.parse_args()
     report = asyncio.run(bench(args))

@@ -37,6 +37,8 @@ import asyncpg
 from botocore.config import Config
 
 from bench.common import (
+    HISTORY_RUNS,
+    MEASURED,
     ROOT,
     VENV_BIN,
     Databases,
@@ -169,9 +171,9 @@ async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any
         figures["sqs_calls"] = queue.calls + dlq.calls - calls_before
         figures.update(await _commits(pool, "SELECT workflow_id, seq, "
                                       "extract(epoch FROM created_at)::float8 FROM checkpoints "
-                                      "WHERE kind = 'phase'", workload))
+                                      f"WHERE kind = 'phase' AND {MEASURED}", workload))
         done = await pool.fetchval("SELECT count(*) FROM workflow_runs WHERE status = "
-                                   "'completed'")
+                                   f"'completed' AND {MEASURED}")
         if done != workload.groups:
             raise RuntimeError(f"phasegate run finished {done}/{workload.groups} workflows")
         return figures
@@ -216,8 +218,8 @@ async def run_floor(dsn: str, workload: Workload, env: Env, *,
         connection = await asyncpg.connect(dsn)
         try:
             figures.update(await _commits(connection, "SELECT workflow_id, seq, extract(epoch "
-                                          "FROM committed_at)::float8 FROM bench_floor",
-                                          workload))
+                                          "FROM committed_at)::float8 FROM bench_floor "
+                                          f"WHERE {MEASURED}", workload))
         finally:
             await connection.close()
         return figures
@@ -424,11 +426,13 @@ async def cold_start_and_rss(env: Env, endpoint: str, repeats: int) -> dict[str,
             dsn = await env.databases.fresh()
             urls = await _queue_pair(endpoint, "cs")
             await _seed(system, dsn, endpoint, urls, "bench-noop-3", 3)
-            first = ("SELECT extract(epoch FROM min(created_at))::float8 FROM checkpoints"
-                     if system == "phasegate" else
-                     "SELECT extract(epoch FROM min(committed_at))::float8 FROM bench_floor")
-            done = ("SELECT 1 FROM workflow_runs WHERE status = 'completed'"
-                    if system == "phasegate" else "SELECT 1 FROM bench_floor WHERE seq = 2")
+            first = ("SELECT extract(epoch FROM min(created_at))::float8 FROM checkpoints "
+                     f"WHERE {MEASURED}" if system == "phasegate" else
+                     "SELECT extract(epoch FROM min(committed_at))::float8 FROM bench_floor "
+                     f"WHERE {MEASURED}")
+            done = (f"SELECT 1 FROM workflow_runs WHERE status = 'completed' AND {MEASURED}"
+                    if system == "phasegate" else
+                    f"SELECT 1 FROM bench_floor WHERE seq = 2 AND {MEASURED}")
             started = time.time()
             process = spawn(system, dsn, endpoint, urls, metrics_port=free_port(),
                             **({"wait_time_s": 20} if system == "phasegate" else {}))
@@ -558,11 +562,12 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 localstack_endpoint: str | None = None,
                 phases: dict[int, int] | None = None,
                 load_window_ms: float | None = None,
-                continuation: bool = True, pooler: str = "transaction") -> dict[str, Any]:
+                continuation: bool = True, pooler: str = "transaction",
+                history: int = HISTORY_RUNS) -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
-    databases = await Databases(server_dsn, private=private_server).start()
+    databases = await Databases(server_dsn, private=private_server, history=history).start()
     env = Env(databases, continuation=continuation, pooler=pooler)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
@@ -595,7 +600,8 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "repeats": repeats, "process_repeats": process_repeats,
                 "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
                 "load_window_ms": env.load_window_ms,
-                "continuation": continuation, "pooler": pooler, "machine": machine(),
+                "continuation": continuation, "pooler": pooler, "history_runs": history,
+                "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
         await databases.stop()
@@ -633,6 +639,10 @@ def main() -> None:
     parser.add_argument("--pooler", choices=("transaction", "none"), default="transaction",
                         help="phasegate's PHASEGATE_DATABASE_POOLER: transaction (default, no "
                         "statement cache) or none (statements cached, as the floor's are)")
+    parser.add_argument("--history", type=int, default=HISTORY_RUNS, metavar="RUNS",
+                        help="finished runs every database starts with, analyzed (default "
+                        f"{HISTORY_RUNS}; 0: empty, never-analyzed databases, as before "
+                        "2026-12-03)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -647,7 +657,7 @@ def main() -> None:
                                phases=_phases(args.phases),
                                load_window_ms=args.load_window_ms,
                                continuation=args.continuation == "on",
-                               pooler=args.pooler))
+                               pooler=args.pooler, history=args.history))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
