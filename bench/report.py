@@ -117,7 +117,9 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         counted = per.get(key, {}).get("pg_round_trips_per_transition")
         if counted:
             by = counted["phasegate_by_statement"]
-            commits = by.get("exec:commit_phase", 0.0) + by.get("exec:commit_phases", 0.0)
+            commits = sum(by.get(f"exec:{name}", 0.0) for name in (
+                "commit_phase", "commit_phases", "advance_phase", "continue_phase",
+                "continue_phases"))
             rows.append(("at most one Postgres round trip per commit",
                          f"{commits:.2f} commit statements per transition, each one "
                          "statement (checkpoint + run + outbox, for one or many runs)", key,
@@ -165,7 +167,10 @@ def render(result: dict[str, Any], source: Path) -> str:
         f"{pg.get('full_page_writes', '?')}), "
         + ("a private cluster started for the run (so the WAL position moves only with the "
            "run's own writes), " if result.get("private_server") else "")
-        + "a fresh database per run; moto server in its own process. "
+        + "a fresh database per run"
+        + (f" holding {result['history_runs']:,} finished runs, analyzed (a database in use)"
+           if result.get("history_runs") else "")
+        + "; moto server in its own process. "
         + _load_sentence(result)
         + ": floor and phasegate runs alternate and every figure is the median of "
         f"{result['repeats']} runs each "
