@@ -12,12 +12,45 @@
 -- message), with its state, progress and signal, and answers from that read. Only when a
 -- claim is due, or the run has no row, does the claiming statement run, on its own snapshot,
 -- exactly as before: what a message gets back is what the old statement returned at the
--- read's snapshot or at the claim's.
+-- read's snapshot or at the claim's. Both read what the phase starts from through one SQL
+-- function, phasegate_phase_inputs, which the planner inlines.
 --
 -- Its batch, phasegate_load_for_phases (group load), stays as it is: the same split there
 -- (a loop over the read, the claim for the messages it left) made PostgreSQL plan the read
 -- anew on every call, which cost more than the UPDATEs it spared.
 -- (`python -m bench.statement_costs --only loads`; docs/benchmarks.md.)
+
+-- What a phase starts from, for the message of (workflow id, branch) about to run next_seq:
+-- the state committed at the previous door, the latest progress saved for this seq, and the
+-- signal delivered to it. One row, its columns NULL where there is none. A single SELECT in
+-- SQL, so the planner inlines it into the statement that joins it (no call of its own).
+CREATE OR REPLACE FUNCTION phasegate_phase_inputs(p_workflow_id text, p_branch text,
+                                                  p_next_seq integer)
+RETURNS TABLE (state text, state_hash text, state_version integer, progress text,
+               signal text)
+LANGUAGE sql STABLE AS $fn$
+    SELECT c.state::text, c.state_hash, c.schema_version, e.state::text, s.payload::text
+      FROM (VALUES (1)) AS one (x)
+      -- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
+      -- checkpoint of the run and filter afterwards, a cost that grew with every phase.
+      LEFT JOIN LATERAL (
+        SELECT state, state_hash, schema_version FROM checkpoints c
+         WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = $3 - 1 AND c.kind = 'phase'
+         LIMIT 1
+      ) c ON true
+      LEFT JOIN LATERAL (
+        SELECT state FROM checkpoints e
+         WHERE e.workflow_id = $1 AND e.branch = $2 AND e.seq = $3 AND e.kind = 'emergency'
+         ORDER BY e.checkpoint_id DESC LIMIT 1
+      ) e ON true
+      LEFT JOIN LATERAL (
+        -- Review decisions (phasegate.*, 0014) are the door's, never ctx.signal.
+        SELECT payload FROM signals s
+         WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = $3
+           AND s.name NOT LIKE 'phasegate.%'
+         LIMIT 1
+      ) s ON true
+$fn$;
 
 CREATE OR REPLACE FUNCTION phasegate_load_for_phase(p_workflow_id text, p_branch text,
                                                     p_seq integer)
@@ -34,27 +67,9 @@ BEGIN
     RETURN QUERY
     SELECT r.workflow_id, r.workflow, r.status, r.next_seq, r.base_seq, r.current_phase,
            r.schema_version, r.input::text, r.attempts, r.epoch, r.classification, r.region,
-           c.state::text AS state, c.state_hash, c.schema_version AS state_version,
-           e.state::text AS progress, s.payload::text AS signal
+           i.state, i.state_hash, i.state_version, i.progress, i.signal
       FROM workflow_runs r
-      LEFT JOIN LATERAL (
-        SELECT state, state_hash, schema_version FROM checkpoints c
-         WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = r.next_seq - 1
-           AND c.kind = 'phase'
-         LIMIT 1
-      ) c ON true
-      LEFT JOIN LATERAL (
-        SELECT state FROM checkpoints e
-         WHERE e.workflow_id = $1 AND e.branch = $2
-           AND e.seq = r.next_seq AND e.kind = 'emergency'
-         ORDER BY e.checkpoint_id DESC LIMIT 1
-      ) e ON true
-      LEFT JOIN LATERAL (
-        SELECT payload FROM signals s
-         WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = r.next_seq
-           AND s.name NOT LIKE 'phasegate.%'
-         LIMIT 1
-      ) s ON true
+      LEFT JOIN LATERAL phasegate_phase_inputs($1, $2, r.next_seq) i ON true
      WHERE r.workflow_id = $1
        AND r.status <> 'pending'
        AND NOT (r.status = 'waiting' AND r.next_seq = $3 AND $2 = 'main');
@@ -89,29 +104,7 @@ BEGIN
         FROM workflow_runs r
         WHERE r.workflow_id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
     )
-    SELECT run.*,
-           c.state::text AS state, c.state_hash, c.schema_version AS state_version,
-           e.state::text AS progress, s.payload::text AS signal
-    FROM run
-    -- LATERAL + LIMIT (the key is unique anyway): a plain join let the planner scan every
-    -- checkpoint of the run and filter afterwards, a cost that grew with every phase.
-    LEFT JOIN LATERAL (
-        SELECT state, state_hash, schema_version FROM checkpoints c
-        WHERE c.workflow_id = $1 AND c.branch = $2 AND c.seq = run.next_seq - 1
-          AND c.kind = 'phase'
-        LIMIT 1
-    ) c ON true
-    LEFT JOIN LATERAL (
-        SELECT state FROM checkpoints e
-        WHERE e.workflow_id = $1 AND e.branch = $2
-          AND e.seq = run.next_seq AND e.kind = 'emergency'
-        ORDER BY e.checkpoint_id DESC LIMIT 1
-    ) e ON true
-    LEFT JOIN LATERAL (
-        -- Review decisions (phasegate.*, 0014) are the door's, never ctx.signal.
-        SELECT payload FROM signals s
-        WHERE s.workflow_id = $1 AND $2 = 'main' AND s.consumed_seq = run.next_seq
-          AND s.name NOT LIKE 'phasegate.%'
-        LIMIT 1
-    ) s ON true;
+    SELECT run.*, i.state, i.state_hash, i.state_version, i.progress, i.signal
+      FROM run
+      LEFT JOIN LATERAL phasegate_phase_inputs($1, $2, run.next_seq) i ON true;
 END $fn$;
