@@ -4,7 +4,8 @@
                             [--commit-window-ms MS] [--count] [--out bench/results/profile-X.txt]
 
 Runs the phasegate side of ``bench/transitions.py`` (in-process FIFO, a fresh database on a
-private cluster, the worker's own store, production JSON logging to /dev/null) while py-spy
+private cluster holding a history as the benchmark's do, the worker's own store, production
+JSON logging to /dev/null) while py-spy
 samples it (on-CPU samples only: time spent waiting for Postgres is not counted), after a
 warm-up run so imports and first-use caches stay out of the figures. Prints the share of
 samples spent under each lever the transition's cost is split into, and the hottest functions
@@ -29,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import VENV_BIN, Databases, local_aws_env
+from bench.common import HISTORY_RUNS, VENV_BIN, Databases, local_aws_env
 
 # Inclusive share of samples with a frame from these files on the stack.
 LEVERS = {
@@ -55,7 +56,7 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
 
     _quiet_logs()
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
-    databases = await Databases(private=True).start()
+    databases = await Databases(private=True, history=HISTORY_RUNS).start()
     counted = ""
     try:
         env = Env(databases, **options)
