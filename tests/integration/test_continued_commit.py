@@ -53,17 +53,21 @@ async def general_commit(store: Store, commit: PhaseCommit, lease: Lease | None)
         lease.holder if lease else None, lease.seconds if lease else 0.0, None)
 
 
-async def written(database_url: str, workflow_id: str) -> tuple[Any, ...]:
+async def written(database_url: str, workflow_id: str,
+                  outbox_columns: str = "seq") -> tuple[Any, ...]:
+    """The run row, its position, its checkpoints and its successors' outbox rows
+    (``outbox_columns``, as text, the run's own id replaced, so two runs' rows compare)."""
     run = await fetch(database_url, f"SELECT {RUN_COLUMNS} FROM workflow_runs "
                       "WHERE workflow_id = $1", workflow_id)
     position = await fetch(database_url, f"SELECT {POSITION_COLUMNS} FROM run_positions "
                            "WHERE workflow_id = $1", workflow_id)
     checkpoints = await fetch(database_url, f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints "
                               "WHERE workflow_id = $1 ORDER BY seq", workflow_id)
-    outbox = await fetch(database_url, "SELECT seq FROM outbox WHERE workflow_id = $1 "
-                         "AND seq > 0", workflow_id)
+    outbox = await fetch(database_url, f"SELECT {outbox_columns} FROM outbox "
+                         "WHERE workflow_id = $1 AND seq > 0 ORDER BY seq", workflow_id)
+    rows = [tuple(str(v).replace(workflow_id, "<id>") for v in row) for row in outbox]
     return (tuple(run[0]), tuple(position[0]) if position else None,
-            [tuple(c) for c in checkpoints], [tuple(o) for o in outbox])
+            [tuple(c) for c in checkpoints], rows)
 
 
 @pytest.mark.parametrize("fields", [

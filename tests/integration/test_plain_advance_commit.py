@@ -6,8 +6,6 @@ may call it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from phasegate.sql import queries
@@ -15,32 +13,14 @@ from phasegate.store import Lease
 from tests.helpers import fetch, store_for
 from tests.integration.test_access import denied, store_as
 from tests.integration.test_continued_commit import (
-    CHECKPOINT_COLUMNS,
-    POSITION_COLUMNS,
-    RUN_COLUMNS,
     TRACEPARENT,
     general_commit,
     hop,
+    written,
 )
 from tests.integration.test_group_commit import running
 
 OUTBOX_COLUMNS = "branch, seq, group_id, body, due_at, wait_signal, sent_at, lease_holder"
-
-
-async def written(database_url: str, workflow_id: str) -> tuple[Any, ...]:
-    """The run row, its position, its checkpoints and its successors' outbox rows (with the
-    run's own id in the body replaced, so two runs' rows compare)."""
-    run = await fetch(database_url, f"SELECT {RUN_COLUMNS} FROM workflow_runs "
-                      "WHERE workflow_id = $1", workflow_id)
-    position = await fetch(database_url, f"SELECT {POSITION_COLUMNS} FROM run_positions "
-                           "WHERE workflow_id = $1", workflow_id)
-    checkpoints = await fetch(database_url, f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints "
-                              "WHERE workflow_id = $1 ORDER BY seq", workflow_id)
-    outbox = await fetch(database_url, f"SELECT {OUTBOX_COLUMNS} FROM outbox "
-                         "WHERE workflow_id = $1 AND seq > 0 ORDER BY seq", workflow_id)
-    rows = [tuple(str(v).replace(workflow_id, "<id>") for v in row) for row in outbox]
-    return (tuple(run[0]), tuple(position[0]) if position else None,
-            [tuple(c) for c in checkpoints], rows)
 
 
 @pytest.mark.parametrize("fields", [
@@ -61,8 +41,8 @@ async def test_a_plain_advance_writes_what_the_general_commit_writes(database_ur
             assert lean is not None and lean[1] is not None
             general = await general_commit(store, hop("pa-general", seq, **fields), None)
             assert general is not None and general["outbox_id"] is not None
-    lean_rows = await written(database_url, "pa-lean")
-    assert lean_rows == await written(database_url, "pa-general")
+    lean_rows = await written(database_url, "pa-lean", OUTBOX_COLUMNS)
+    assert lean_rows == await written(database_url, "pa-general", OUTBOX_COLUMNS)
     run, position, checkpoints, outbox = lean_rows
     assert run[:3] == ("running", 2, "p2")
     assert position is not None and position[5:] == (None, None, None)
@@ -78,11 +58,11 @@ async def test_the_last_hop_of_a_chain_ends_its_lease(database_url):
     async with store_for(database_url) as store:
         await running(store, "pa-chain")
         assert await store.commit_phase(hop("pa-chain", 0), lease=Lease("w-1", 600.0))
-        leased = await written(database_url, "pa-chain")
+        leased = await written(database_url, "pa-chain", OUTBOX_COLUMNS)
         assert leased[1] is not None and leased[1][5] == "w-1"
         handed_off = await store.commit_phase(hop("pa-chain", 1))
     assert handed_off is not None and handed_off[1] is not None
-    run, position, _, outbox = await written(database_url, "pa-chain")
+    run, position, _, outbox = await written(database_url, "pa-chain", OUTBOX_COLUMNS)
     assert run[:2] == ("running", 2)
     assert position is not None and position[5:] == (None, None, None)
     assert [row[1] for row in outbox] == ["2"]
