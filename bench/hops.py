@@ -10,7 +10,8 @@ one JSON encoding of it, and a phase's returned state checked and encoded for it
 (a 1 KB and a 118 KB state). Run it in two checkouts to compare
 them; the machine's load shows as noise, so run each a few times, alternating.
 
-The two log lines of a transition (the phase line and the checkpoint's audit line) are also
+The two log lines of a transition (the phase line and the checkpoint's audit line) are timed
+through structlog's processor chain and as the worker writes them (``lean_logger``), and also
 rendered by structlog's stock pipeline (``TimeStamper(fmt="iso", utc=True)``,
 ``JSONRenderer()``, ``PrintLoggerFactory``), as phasegate configured it before its own
 timestamp, renderer and writer (phasegate/logs.py): the same lines, the same process.
@@ -29,7 +30,7 @@ import structlog
 from bench.workload import PAYLOAD
 from phasegate import tracing
 from phasegate.envelope import canonical_json, phase_message, successor_message
-from phasegate.logs import configure_logging
+from phasegate.logs import configure_logging, lean_logger
 from phasegate.storable import check_storable
 from phasegate.worker.guards import storable
 
@@ -72,6 +73,14 @@ def main() -> None:
                 "phase", phase="p7", outcome="advanced", duration_s=0.000123), n)
         audit = structlog.get_logger("phasegate.audit").bind()
         figures["audit line, pre-bound logger"] = per_call_us(lambda: audit.info(
+            "checkpoint_audit", workflow_id="w-0123456789", seq=7, branch="main",
+            region="default", classification="internal", kind="phase"), n)
+        # What the worker writes them with (phasegate/logs.py: lean_logger).
+        lean = lean_logger(module_log)
+        figures["phase log line, lean (the worker's)"] = per_call_us(lambda: lean.info(
+            "phase", phase="p7", outcome="advanced", duration_s=0.000123), n)
+        lean_audit = lean_logger(structlog.get_logger("phasegate.audit"))
+        figures["audit line, lean (the worker's)"] = per_call_us(lambda: lean_audit.info(
             "checkpoint_audit", workflow_id="w-0123456789", seq=7, branch="main",
             region="default", classification="internal", kind="phase"), n)
         configured = structlog.get_config()

@@ -35,7 +35,7 @@ from bench.common import HISTORY_RUNS, VENV_BIN, Databases, local_aws_env
 # Inclusive share of samples with a frame from these files on the stack.
 LEVERS = {
     "tracing (phasegate/tracing.py, opentelemetry)": ("phasegate/tracing.py", "opentelemetry/"),
-    "logging (structlog)": ("structlog/",),
+    "logging (structlog, phasegate/logs.py)": ("structlog/", "phasegate/logs.py"),
     "envelope (phasegate/envelope.py, pydantic)": ("phasegate/envelope.py", "pydantic"),
     "metrics (prometheus_client)": ("prometheus_client/",),
     "json (encode, decode)": ("json/",),

@@ -27,6 +27,10 @@ from phasegate.redact import redact_exc_info
 QUIET_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3transfer", "urllib3", "httpx",
                  "httpcore", "kubernetes")
 _HANDLER_MARK = "_phasegate_handler"
+# The processor list of the JSON pipeline configure_logging set up last, and what it held then
+# (None: console, or not configured by phasegate): a logger made while it still holds that may
+# write its lines itself (lean_logger).
+_json_pipeline: tuple[list[Any], list[Any]] | None = None
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -44,8 +48,11 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     ]
     tail: list[Any] = [structlog.processors.dict_tracebacks if not use_console
                        else structlog.dev.set_exc_info, renderer]
+    processors = shared + tail
+    global _json_pipeline
+    _json_pipeline = None if use_console else (processors, list(processors))
     structlog.configure(
-        processors=shared + tail,
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         # One write and one flush per line (print writes the line and its newline apart).
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
@@ -141,3 +148,75 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
+
+
+def lean_logger(logger: Any) -> Any:
+    """``logger`` bound once (the configuration in force now, as structlog's ``bind()``), for a
+    line written on every phase (the phase line, the checkpoint's audit line).
+
+    Under phasegate's own JSON pipeline (``configure_logging``) its ``info`` writes the line
+    itself: the same keys and values, one write and flush under structlog's lock for the file,
+    in half the time of the processor chain (whose context-variable merge walks every context
+    variable of the process; ``python -m bench.hops``). Under any other configuration (the
+    console renderer, an embedding application's own) it is structlog's bound logger,
+    unchanged; a chain changed in place later (a test's ``capture_logs``) is followed."""
+    bound = logger.bind()
+    processors = getattr(bound, "_processors", None)
+    writer = getattr(bound, "_logger", None)
+    pipeline = _json_pipeline
+    if (pipeline is None or processors is not pipeline[0] or processors != pipeline[1]
+            or not isinstance(writer, structlog.WriteLogger)):
+        return bound
+    return LeanJsonLogger(bound, writer, *pipeline)
+
+
+class LeanJsonLogger:
+    """``info`` lines of phasegate's JSON pipeline written without the processor chain: the
+    bound context, the call's keys, ``event``, the structlog context variables bound now (as
+    ``merge_contextvars``: never over a key the call gave), ``level``, ``timestamp``. A call
+    with ``exc_info`` (or any level but info) goes through structlog's chain, and so does every
+    call once the chain's list no longer holds what it held (``capture_logs`` changes it in
+    place, and a bound logger follows it)."""
+
+    def __init__(self, bound: Any, writer: Any, processors: list[Any],
+                 configured: list[Any]) -> None:
+        self._bound = bound
+        self._processors = processors
+        self._configured = configured
+        self._context = dict(getattr(bound, "_context", None) or {})
+        self._write = writer.msg
+        self._enabled = bool(bound.is_enabled_for(logging.INFO))
+        stamps = [p for p in configured if isinstance(p, IsoUtcTimestamp)]
+        self._stamp = stamps[0] if stamps else IsoUtcTimestamp()
+
+    def __getattr__(self, name: str) -> Any:  # warning, error, bind, ...: structlog's own
+        return getattr(self._bound, name)
+
+    def info(self, event: str, **kw: Any) -> None:
+        if not self._enabled:
+            return
+        if "exc_info" in kw or self._processors != self._configured:
+            self._bound.info(event, **kw)
+            return
+        line = {**self._context, **kw} if self._context else kw
+        line["event"] = event
+        if _CONTEXT_VARS is None:  # a structlog without the registry: walk the context as it does
+            for name, value in structlog.contextvars.get_contextvars().items():
+                line.setdefault(name, value)
+        else:
+            # A copy made in one C call: another thread binding a new key cannot change it
+            # under us.
+            for var in tuple(_CONTEXT_VARS.values()):
+                value = var.get(Ellipsis)
+                if value is not Ellipsis:
+                    line.setdefault(var.name[_PREFIX_LENGTH:], value)
+        line["level"] = "info"
+        self._stamp(None, "info", line)
+        self._write(_ENCODE(line))
+
+
+_PREFIX_LENGTH = len(structlog.contextvars.STRUCTLOG_KEY_PREFIX)
+# structlog's registry of the context variables it made (one per key ever bound, so it stays
+# small): reading each is cheaper than walking every context variable of the process.
+_CONTEXT_VARS: dict[str, Any] | None = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+

@@ -125,3 +125,68 @@ def test_the_json_renderer_writes_what_structlog_s_wrote() -> None:
              "when": datetime(2026, 12, 3, tzinfo=UTC), "set": {3}}
     expected = structlog.processors.JSONRenderer()(None, "info", dict(event))
     assert render_json(None, "info", dict(event)) == expected
+
+
+def test_a_lean_line_has_the_keys_and_values_of_the_processor_chain_s(stderr: Stderr) -> None:
+    from phasegate.logs import LeanJsonLogger, lean_logger
+
+    configure_logging("info", "json")
+    chain = structlog.get_logger("phasegate.test").bind(store="eu")
+    lean = lean_logger(chain)
+    assert isinstance(lean, LeanJsonLogger)
+    # Bound context variables, one the call overrides (the call's key wins, as in
+    # merge_contextvars), one unset again (not written), and values JSON writes as repr.
+    structlog.contextvars.bind_contextvars(workflow_id="wf_1", seq=3, phase="bound")
+    with structlog.contextvars.bound_contextvars(gone=1):
+        pass
+    for logger in (chain, lean):
+        logger.info("phase", phase="p1", outcome="advanced", duration_s=0.000123,
+                    odd={1}, note="é")
+    by_chain, by_lean = lines(stderr)
+    assert by_chain.pop("timestamp") and str(by_lean.pop("timestamp")).endswith("Z")
+    assert by_lean == by_chain
+    assert by_lean["phase"] == "p1" and by_lean["store"] == "eu" and "gone" not in by_lean
+    assert by_lean["odd"] == "{1}" and by_lean["level"] == "info"
+
+
+def test_a_lean_logger_below_its_level_or_with_an_exception_behaves_as_structlog(
+        stderr: Stderr) -> None:
+    from phasegate.logs import lean_logger
+
+    configure_logging("warning", "json")
+    quiet = lean_logger(structlog.get_logger("phasegate.test"))
+    quiet.info("dropped")
+    quiet.warning("kept", n=1)  # every other method is structlog's
+    configure_logging("info", "json")
+    loud = lean_logger(structlog.get_logger("phasegate.test"))
+    try:
+        raise ValueError(f"state held {SECRET}")
+    except ValueError:
+        loud.info("failed", exc_info=True)  # redacted by the chain, as any line
+    kept, failed = lines(stderr)
+    assert kept["event"] == "kept" and kept["level"] == "warning"
+    assert failed["error_type"] == "ValueError" and SECRET not in stderr.getvalue()
+
+
+def test_a_lean_logger_outside_phasegate_s_json_pipeline_is_structlog_s(
+        stderr: Stderr) -> None:
+    from structlog.testing import capture_logs
+
+    from phasegate.logs import LeanJsonLogger, lean_logger
+
+    configure_logging("info", "console")
+    assert not isinstance(lean_logger(structlog.get_logger("x")), LeanJsonLogger)
+    configure_logging("info", "json")
+    with capture_logs() as captured:  # a test's (or an application's) own configuration
+        logger = lean_logger(structlog.get_logger("x"))
+        logger.info("phase", phase="p1")
+    assert not isinstance(logger, LeanJsonLogger)
+    assert captured == [{"event": "phase", "phase": "p1", "log_level": "info"}]
+    # Made under phasegate's pipeline, before a capture started (as a worker's phase line):
+    # followed into the capture, as structlog's own bound loggers are.
+    early = lean_logger(structlog.get_logger("x"))
+    assert isinstance(early, LeanJsonLogger)
+    with capture_logs() as captured:
+        early.info("phase", phase="p2")
+    assert captured == [{"event": "phase", "phase": "p2", "log_level": "info"}]
+    assert stderr.getvalue() == ""
