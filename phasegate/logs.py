@@ -200,16 +200,8 @@ class LeanJsonLogger:
             return
         line = {**self._context, **kw} if self._context else kw
         line["event"] = event
-        if _CONTEXT_VARS is None:  # a structlog without the registry: walk the context as it does
-            for name, value in structlog.contextvars.get_contextvars().items():
-                line.setdefault(name, value)
-        else:
-            # A copy made in one C call: another thread binding a new key cannot change it
-            # under us.
-            for var in tuple(_CONTEXT_VARS.values()):
-                value = var.get(Ellipsis)
-                if value is not Ellipsis:
-                    line.setdefault(var.name[_PREFIX_LENGTH:], value)
+        for name, value in _bound_contextvars():
+            line.setdefault(name, value)
         line["level"] = "info"
         self._stamp(None, "info", line)
         self._write(_ENCODE(line))
@@ -220,3 +212,23 @@ _PREFIX_LENGTH = len(structlog.contextvars.STRUCTLOG_KEY_PREFIX)
 # small): reading each is cheaper than walking every context variable of the process.
 _CONTEXT_VARS: dict[str, Any] | None = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
 
+
+def _bound_contextvars() -> list[tuple[str, Any]]:
+    """structlog's context variables bound in this context, by name without the prefix: each
+    variable of structlog's registry read, where ``merge_contextvars`` walks every context
+    variable of the process."""
+    if _CONTEXT_VARS is not None:
+        try:
+            # Copied in one C call; should another thread bind a new key meanwhile (the copy
+            # then raises), the context is walked as structlog does.
+            registered = tuple(_CONTEXT_VARS.values())
+        except RuntimeError:
+            registered = None
+        if registered is not None:
+            bound = []
+            for var in registered:
+                value = var.get(Ellipsis)
+                if value is not Ellipsis:
+                    bound.append((var.name[_PREFIX_LENGTH:], value))
+            return bound
+    return list(structlog.contextvars.get_contextvars().items())

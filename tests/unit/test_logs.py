@@ -190,3 +190,22 @@ def test_a_lean_logger_outside_phasegate_s_json_pipeline_is_structlog_s(
         early.info("phase", phase="p2")
     assert captured == [{"event": "phase", "phase": "p2", "log_level": "info"}]
     assert stderr.getvalue() == ""
+
+
+@pytest.mark.parametrize("registry", ["changing", "absent"])
+def test_a_lean_line_without_structlog_s_registry_walks_the_context(
+        stderr: Stderr, monkeypatch: pytest.MonkeyPatch, registry: str) -> None:
+    """Another thread binding a new key while the registry is copied, or a structlog without
+    the registry: the context variables come from walking the context, as structlog does."""
+    from phasegate import logs
+
+    class Changing(dict):  # type: ignore[type-arg]
+        def values(self):  # type: ignore[override]
+            raise RuntimeError("dictionary changed size during iteration")
+
+    monkeypatch.setattr(logs, "_CONTEXT_VARS", Changing() if registry == "changing" else None)
+    configure_logging("info", "json")
+    structlog.contextvars.bind_contextvars(workflow_id="wf_2", seq=4)
+    logs.lean_logger(structlog.get_logger("x")).info("phase", phase="p1")
+    (line,) = lines(stderr)
+    assert line["workflow_id"] == "wf_2" and line["seq"] == 4 and line["phase"] == "p1"
