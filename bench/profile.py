@@ -1,7 +1,8 @@
 """Where the worker's CPU goes per transition: one in-process phasegate run under py-spy.
 
     python -m bench.profile [--groups 16] [--phases 200] [--continuation on|off]
-                            [--commit-window-ms MS] [--count] [--out bench/results/profile-X.txt]
+                            [--commit-window-ms MS] [--count] [--time-log-lines]
+                            [--out bench/results/profile-X.txt]
 
 Runs the phasegate side of ``bench/transitions.py`` (in-process FIFO, a fresh database on a
 private cluster holding a history as the benchmark's do, the worker's own store, production
@@ -15,6 +16,11 @@ by other work makes absolute times meaningless; the shares and the counts hold.
 ``--count``: one more run, not sampled, that counts per-transition work which does not depend
 on load (asyncio tasks, ``call_soon`` callbacks, JSON encodings, pool acquires, log lines:
 ``bench/per_transition.py``).
+
+``--time-log-lines``: one more run, not sampled, that times the two log lines of every
+transition inside the worker (the phase line and the checkpoint's audit line, wall time in the
+two calls, µs per transition). Inside the worker a line costs two to three times what it costs
+in a loop (``python -m bench.hops``): its caches are cold between a phase and its commit.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import re
 import signal
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from bench.common import HISTORY_RUNS, VENV_BIN, Databases, local_aws_env
@@ -47,10 +55,55 @@ POOL = "asyncpg/pool.py"
 QUERY = ("asyncpg/connection.py", "asyncpg/protocol", "asyncpg/prepared_stmt.py")
 
 
+class LogLineTimes:
+    """``with LogLineTimes() as times: ...``: wall time inside the worker's two log lines per
+    transition (``PhaseLog.__call__``, ``audit.checkpoint_written``: both looked up when
+    called, so wrapping them here reaches a worker made before)."""
+
+    def __init__(self) -> None:
+        self.ns: Counter[str] = Counter()
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> LogLineTimes:
+        from phasegate import audit
+        from phasegate.worker import outcomes
+
+        self._wrap(outcomes.PhaseLog, "__call__", "the phase line")
+        self._wrap(audit, "checkpoint_written", "the audit line")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+    def _wrap(self, owner: Any, name: str, figure: str) -> None:
+        original = getattr(owner, name)
+        spent = self.ns
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[figure] += time.perf_counter_ns() - started
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def table(self, transitions: int) -> str:
+        lines = ["| per transition (timed run) | µs |", "|---|---:|"]
+        lines += [f"| {figure} | {self.ns[figure] / transitions / 1000:.1f} |"
+                  for figure in ("the phase line", "the audit line")]
+        return "\n".join(lines)
+
+
 async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
-               count: bool) -> str:
+               count: bool, time_log_lines: bool = False) -> str:
     """A warm-up run (imports, connections, first-use caches), then the measured run with
-    py-spy attached to this process for exactly its duration; with ``count``, a counted run."""
+    py-spy attached to this process for exactly its duration; with ``count``, a counted run;
+    with ``time_log_lines``, a run timing the log lines."""
     from bench.per_transition import WorkCounts
     from bench.transitions import Env, Workload, _quiet_logs, run_phasegate
 
@@ -82,6 +135,12 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
             await run_phasegate(await databases.fresh(), workload, env)
             env.around = None
             counted = "\n\n" + count_table(counts.per(workload.transitions))
+        if time_log_lines:
+            times = LogLineTimes()
+            env.around = lambda: times
+            await run_phasegate(await databases.fresh(), workload, env)
+            env.around = None
+            counted += "\n\n" + times.table(workload.transitions)
     finally:
         await databases.stop()
     setting = ", ".join(f"{k}={v}" for k, v in options.items())
@@ -184,6 +243,8 @@ def main() -> None:
                         help="group load window (default: the setting's; 0 = off)")
     parser.add_argument("--count", action="store_true",
                         help="also count per-transition work in a separate, unsampled run")
+    parser.add_argument("--time-log-lines", action="store_true",
+                        help="also time the two log lines per transition in a separate run")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     options: dict[str, Any] = {"continuation": args.continuation == "on"}
@@ -193,7 +254,8 @@ def main() -> None:
         options["load_window_ms"] = args.load_window_ms
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
-        header = asyncio.run(_run(args.groups, args.phases, raw, options, args.count))
+        header = asyncio.run(_run(args.groups, args.phases, raw, options, args.count,
+                                  args.time_log_lines))
         report = header + "\n\n" + analyse(raw.read_text())
         if args.out:  # the raw stacks beside the report, for a flame graph or a re-analysis
             args.out.with_suffix(".raw.txt").write_text(raw.read_text())
