@@ -413,21 +413,28 @@ class Worker:
         unstarted = [h for h in self._held if h not in self._started]
         await self.hand_back(unstarted)
         running = [t for t in self._tasks if not t.done()]
+        committing: list[asyncio.Task[None]] = []
         if running:
             log.info("draining", phases=len(running), grace_s=self.settings.shutdown_grace_s)
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
-            for task in late:
+            # A phase past the grace is cancelled; a transition whose commit is in flight is
+            # not: its commit, hand-off and delete finish within the durable share below.
+            in_commit = self.transition.committing if self.transition is not None else set()
+            committing = [task for task in late if task in in_commit]
+            cancelled = [task for task in late if task not in in_commit]
+            for task in cancelled:
                 task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            await asyncio.gather(*cancelled, return_exceptions=True)
             if late:
-                log.warning("grace_expired_handing_back", phases=len(late))
-        if self.transition is not None and self.transition.durable:
+                log.warning("grace_expired_handing_back", phases=len(cancelled),
+                            committing=len(committing))
+        durable = [*committing, *(self.transition.durable if self.transition else ())]
+        if durable:
             # Commits and sends still in flight get a bounded share of the margin the chart
             # leaves beyond the grace, then are abandoned: a commit is atomic either way and
             # an unsent successor is the relay's (found by bench/chaos: emits retrying through
             # an SQS outage kept a draining worker alive past terminationGracePeriodSeconds).
-            _, late_commits = await asyncio.wait(self.transition.durable,
-                                                 timeout=DURABLE_DRAIN_S)
+            _, late_commits = await asyncio.wait(durable, timeout=DURABLE_DRAIN_S)
             for commit in late_commits:
                 commit.cancel()
             await asyncio.gather(*late_commits, return_exceptions=True)

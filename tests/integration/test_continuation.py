@@ -9,9 +9,13 @@ import os
 import signal
 from datetime import timedelta
 
+import asyncpg
+from structlog.testing import capture_logs
+
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
+from phasegate.worker.runtime import Worker
 from phasegate.workflow import Registry
 from tests import workflows_chain
 from tests.helpers import (
@@ -210,6 +214,59 @@ async def test_sigterm_mid_chain_exits_0_and_the_run_completes_elsewhere(setting
     async with running_worker(settings, REGISTRY):
         await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
     await _committed_once(settings)
+
+
+async def test_a_commit_in_flight_when_the_grace_ends_lands_and_hands_off(settings):
+    """The stop's grace ends while a continued hop's commit waits (on a run-row lock another
+    session holds): the transition is not cancelled under its commit. The commit lands, the
+    chain's next message is sent at once, the received message is settled and the worker
+    stops; another worker finishes the run."""
+    wid = await _start(settings, gate="p05")
+    worker = Worker(settings=settings.model_copy(update={"shutdown_grace_s": 0.2}),
+                    registry=REGISTRY)
+    with capture_logs() as logs:
+        running = asyncio.create_task(worker.run())
+        try:
+            await wait_for(lambda: _invocations(settings, "p05"), what="p05 running")
+            locker = await asyncpg.connect(settings.database_url)
+            try:
+                locking = locker.transaction()
+                await locking.start()
+                await locker.execute("SELECT 1 FROM workflow_runs WHERE workflow_id = $1 "
+                                     "FOR UPDATE", wid)
+                await _open_gate(settings, wid)
+                await wait_for(lambda: _commit_waits_on_a_lock(settings),
+                               what="p05's commit waiting on the lock")
+                worker.stop()
+                await wait_for(lambda: _logged(logs, "grace_expired_handing_back"),
+                               what="the grace ended")
+                await locking.commit()
+            finally:
+                await locker.close()
+            await asyncio.wait_for(running, timeout=30)
+        finally:
+            worker.stop()
+    (expired,) = [e for e in logs if e["event"] == "grace_expired_handing_back"]
+    assert (expired["phases"], expired["committing"]) == (0, 1)
+    assert not [e for e in logs if e["event"] == "durable_abandoned_at_stop"]
+    # p05 committed and its successor went out at once: no chain lease left to run out.
+    assert await _chain(settings) == (6, None)
+    assert await fetchval(settings.database_url, "SELECT sent_at IS NOT NULL FROM outbox "
+                          "WHERE seq = 6")
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="completed")
+    await _committed_once(settings)
+    assert await _invocations(settings, "p05") == 1
+
+
+async def _logged(logs: list[dict[str, object]], event: str) -> bool:
+    return any(entry["event"] == event for entry in logs)
+
+
+async def _commit_waits_on_a_lock(settings: Settings) -> bool:
+    return bool(await fetchval(
+        settings.database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
+        "= 'Lock' AND query LIKE '%continue_phase%'"))
 
 
 async def test_cancel_during_a_chain_stops_it_at_the_next_commit(settings):
