@@ -7,7 +7,8 @@ the three span hooks plus trace propagation with no OpenTelemetry SDK configured
 per-phase log line (production JSON pipeline, run ids bound as context variables, output to
 /dev/null), building the successor envelope (validated, or copied from the received one) and
 one JSON encoding of it, and a phase's returned state checked and encoded for its commit
-(a 1 KB and a 118 KB state). Run it in two checkouts to compare
+(a 1 KB and a 118 KB state), and a no-op phase under its time limit (``asyncio.timeout`` per
+attempt, the worker's shared deadlines, no limit). Run it in two checkouts to compare
 them; the machine's load shows as noise, so run each a few times, alternating.
 
 The two log lines of a transition (the phase line and the checkpoint's audit line) are timed
@@ -20,8 +21,10 @@ timestamp, renderer and writer (phasegate/logs.py): the same lines, the same pro
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
+import time
 import timeit
 from typing import Any
 
@@ -32,7 +35,7 @@ from phasegate import tracing
 from phasegate.envelope import canonical_json, phase_message, successor_message
 from phasegate.logs import configure_logging, lean_logger
 from phasegate.storable import check_storable
-from phasegate.worker.guards import storable
+from phasegate.worker.guards import call_phase, storable
 
 # An agent run's state: 250 messages of 400 characters (118 KB of JSON).
 BIG_STATE = {"messages": [{"role": "user" if i % 2 else "assistant", "content": "x" * 400,
@@ -113,8 +116,48 @@ def main() -> None:
         figures[f"{name}: storable"] = per_call_us(lambda v=state: storable(v, "state"), calls)
         figures[f"{name}: full walk, then encoded"] = per_call_us(
             lambda v=state: (check_storable(v, where="state"), canonical_json(v)), calls)
+    figures.update(asyncio.run(_phase_limits(n)))
     for name, value in figures.items():
         print(f"{name}: {value:.2f} us")
+
+
+async def _phase_limits(n: int) -> dict[str, float]:
+    """A no-op phase under its time limit: ``asyncio.timeout`` per attempt (as the worker did
+    before worker/deadlines.py), the worker's shared deadlines, and no limit at all."""
+    from phasegate.worker.deadlines import PhaseDeadlines
+    from phasegate.workflow import Workflow
+
+    workflow = Workflow("bench-limits")
+
+    @workflow.phase("noop")
+    async def noop(ctx: Any, state: Any) -> Any:
+        return state
+
+    phase = workflow.phases[0]
+    deadlines = PhaseDeadlines()
+
+    async def timeout_scope() -> Any:
+        async with asyncio.timeout(3600):
+            return await phase.fn(None, None)  # type: ignore[arg-type]
+
+    async def shared() -> Any:
+        return await call_phase(phase, None, None, 3600, deadlines)  # type: ignore[arg-type]
+
+    async def unlimited() -> Any:
+        return await phase.fn(None, None)  # type: ignore[arg-type]
+
+    figures = {}
+    for name, call in (("phase limit: asyncio.timeout per attempt", timeout_scope),
+                       ("phase limit: the worker's shared deadlines", shared),
+                       ("phase limit: none", unlimited)):
+        best = float("inf")
+        for _ in range(5):
+            began = time.perf_counter()
+            for _ in range(n):
+                await call()
+            best = min(best, time.perf_counter() - began)
+        figures[name] = best / n * 1e6
+    return figures
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from phasegate.storable import (
 )
 from phasegate.tiers import Grade, Tier, grade
 from phasegate.waits import WaitError
+from phasegate.worker.deadlines import PhaseDeadlines
 from phasegate.workflow import NonRetryableError, Phase, Workflow
 
 if TYPE_CHECKING:
@@ -94,19 +95,28 @@ def phase_timeout(phase: Phase, default_s: float) -> float | None:
     return limit if limit > 0 else None
 
 
-async def call_phase(phase: Phase, ctx: Context, state: Any, limit_s: float | None) -> Any:
+async def call_phase(phase: Phase, ctx: Context, state: Any, limit_s: float | None,
+                     deadlines: PhaseDeadlines | None = None) -> Any:
     """Run one attempt of ``phase``; past ``limit_s`` it is cancelled and
-    :class:`PhaseTimeout` (a retryable failure) is raised instead."""
+    :class:`PhaseTimeout` (a retryable failure) is raised instead. ``deadlines``: the worker's
+    (worker/deadlines.py; default: one for this attempt alone)."""
     if limit_s is None:
         return await phase.fn(ctx, state)
-    scope = asyncio.timeout(limit_s)
+    deadlines = deadlines or PhaseDeadlines()
+    limit = deadlines.start(limit_s)
     try:
-        async with scope:
-            return await phase.fn(ctx, state)
-    except TimeoutError:
-        if scope.expired():  # ours (asyncio.timeout turns its cancel into TimeoutError)
+        result = await phase.fn(ctx, state)
+    except BaseException as exc:
+        deadlines.end(limit)
+        # A TimeoutError of the phase's own is an ordinary failure; so is what a phase raises
+        # after swallowing the cancellation of its expired limit.
+        if limit.expired and limit.withdraw() and isinstance(exc, asyncio.CancelledError):
             raise PhaseTimeout(f"phase {phase.name} ran longer than {limit_s:g}s") from None
-        raise  # the phase's own TimeoutError: an ordinary failure
+        raise
+    deadlines.end(limit)
+    if limit.expired:  # expired as it returned, or it swallowed the cancellation
+        limit.withdraw()
+    return result
 
 
 @dataclass(frozen=True)
@@ -118,13 +128,14 @@ class Failed:
 
 
 async def attempt(phase: Phase, ctx: Context, state: Any, tiers: Sequence[Tier],
-                  limit_s: float | None) -> tuple[Any, Grade | None] | Failed:
+                  limit_s: float | None, deadlines: PhaseDeadlines | None = None
+                  ) -> tuple[Any, Grade | None] | Failed:
     """One attempt of a phase and its grading (user code, both): the new state and its
     grade, or how it failed. Anything the phase raises is a failure of the phase --
     ``sys.exit()`` and ``KeyboardInterrupt`` included -- except the worker's own cancellation
     and the step ledger's database, which are not the phase's to be charged for."""
     try:
-        new_state = await call_phase(phase, ctx, state, limit_s)
+        new_state = await call_phase(phase, ctx, state, limit_s, deadlines)
         return new_state, await grade(tiers, new_state)
     except (NonRetryableError, WaitError) as exc:  # a wrong wait is as wrong on every retry
         return Failed(exc, retryable=False)

@@ -68,6 +68,7 @@ from phasegate.worker.continuation import (
     can_continue,
     end_chain,
 )
+from phasegate.worker.deadlines import PhaseDeadlines
 from phasegate.worker.duplicates import Duplicates
 from phasegate.worker.failures import Failures
 from phasegate.worker.guards import Failed, attempt, phase_timeout, storable
@@ -107,6 +108,7 @@ class PhaseTransition:
         self._mark_sent = mark_sent
         self._sender = sender
         self.running: dict[str, RunningPhase] = {}
+        self.deadlines = PhaseDeadlines()  # the phases' time limits, one timer for all
         metrics.count_running(self)
         self._log_phase = PhaseLog(log)
         # Sends and hand-offs in progress: shielded from shutdown's cancel, awaited before the
@@ -309,15 +311,17 @@ class PhaseTransition:
             fork_scope=fork_scope(position),
             signal=json.loads(position.signal_json) if position.signal_json else None)
         started = time.monotonic()
-        self.running[envelope.dedup_id] = RunningPhase(ctx, envelope, started)
+        running_key = envelope.dedup_id
+        self.running[running_key] = RunningPhase(ctx, envelope, started)
         try:
             result = await attempt(phase, ctx, state, workflow.tiers,
-                                   phase_timeout(phase, self.config.phase_timeout_s))
+                                   phase_timeout(phase, self.config.phase_timeout_s),
+                                   self.deadlines)
         except asyncio.CancelledError:  # the worker's own (shutdown): handed back, not charged
             self._log_phase(envelope, phase_name, started, "cancelled")
             raise
         finally:
-            self.running.pop(envelope.dedup_id, None)
+            self.running.pop(running_key, None)
         if isinstance(result, Failed):
             return await self.failures.fail(envelope, phase_name, started, result.exc,
                                             retryable=result.retryable)
