@@ -92,8 +92,17 @@ class GroupCommit:
         self._kept: Any = None
         self._kept_used = 0.0
         self._idle_check: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.statements = 0  # multi-row statements sent (tests and bench read it)
         self.alone_batches = 0  # of those, the multi-row forms of the calls' own statements
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The pool's event loop, looked up once: ``asyncio.get_running_loop()`` makes a
+        getpid() system call on every call (CPython 3.11), and a commit needed three."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def kept_server_pid(self) -> int | None:
@@ -110,7 +119,7 @@ class GroupCommit:
         or None (a commit superseded, a run that does not exist). ``alone``: the statement and
         arguments to send instead when the call goes by itself (a leaner statement for it;
         the multi-row statement takes ``args`` like any other)."""
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._pending.append((args, future, alone))
         if self._in_flight == 0 or len(self._pending) >= self._max_batch:
@@ -135,7 +144,7 @@ class GroupCommit:
         # Not a fire-and-forget task: it settles every future of its batch whatever happens,
         # and every caller awaits its future, so nothing it does goes unseen. A stopping worker
         # drains its transitions first, so no flush outlives them.
-        task = asyncio.get_running_loop().create_task(self._flush(batch))
+        task = self._event_loop().create_task(self._flush(batch))
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
@@ -224,7 +233,7 @@ class GroupCommit:
             await self._pool.release(connection)
             return result
         self._kept = connection
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop()
         self._kept_used = loop.time()
         if self._idle_check is None:
             self._idle_check = loop.call_later(IDLE_RELEASE_S, self._release_if_idle)
@@ -247,7 +256,7 @@ class GroupCommit:
         self._idle_check = None
         if self._kept is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop()
         idle_for = loop.time() - self._kept_used
         if idle_for < IDLE_RELEASE_S:  # used meanwhile: look again when it could be idle
             self._idle_check = loop.call_later(IDLE_RELEASE_S - idle_for,

@@ -46,17 +46,27 @@ class PhaseDeadlines:
         self._running: dict[Limit, None] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, limit_s: float) -> Limit:
         """The limit of the phase the running task starts now."""
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        loop = self.event_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         limit = Limit(task, loop.time() + limit_s)
         self._running[limit] = None
         if limit.deadline < self._timer_at:
             self._set_timer(loop, limit.deadline)
         return limit
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The worker's event loop, looked up once: ``asyncio.get_running_loop()``, and
+        ``asyncio.current_task()`` without a loop, make a getpid() system call on every call
+        (CPython 3.11)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def end(self, limit: Limit) -> None:
         self._running.pop(limit, None)
@@ -74,7 +84,7 @@ class PhaseDeadlines:
 
     def _expire(self) -> None:
         self._timer, self._timer_at = None, math.inf
-        loop = asyncio.get_running_loop()
+        loop = self.event_loop()
         now = loop.time()
         nearest = math.inf
         for limit in self._running:

@@ -333,7 +333,7 @@ class PhaseTransition:
         outcome = decide(workflow, phase, envelope.seq, graded, ctx.tier_attempt, door.rerun_of)
         self.faults.hit("mid_phase")
         # The durable part: a stopping worker lets it run to its end (``committing``).
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.deadlines.event_loop())
         assert task is not None
         self.committing.add(task)
         try:
