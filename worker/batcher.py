@@ -34,10 +34,14 @@ class MicroBatcher(Generic[T]):
         self._pending: asyncio.Queue[tuple[T, asyncio.Future[None] | None]] = asyncio.Queue()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._calls: set[asyncio.Task[None]] = set()
+        self._issued: dict[asyncio.Future[None], asyncio.Future[None]] = {}
 
-    async def submit(self, item: T) -> None:
-        """Queue ``item`` and wait until the batch holding it was sent (or raise its error)."""
+    async def submit(self, item: T, issued: asyncio.Future[None] | None = None) -> None:
+        """Queue ``item`` and wait until the batch holding it was sent (or raise its error).
+        ``issued``: set when the call carrying ``item`` starts (its request under way)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if issued is not None:
+            self._issued[future] = issued
         self._pending.put_nowait((item, future))
         await future
 
@@ -72,6 +76,10 @@ class MicroBatcher(Generic[T]):
                 await self._call(batch[start:start + self._max_size])
 
     async def _call(self, batch: list[tuple[T, asyncio.Future[None] | None]]) -> None:
+        for _, future in batch:
+            issued = self._issued.pop(future, None) if future is not None else None
+            if issued is not None and not issued.done():
+                issued.set_result(None)
         try:
             await self._flush([item for item, _ in batch])
         except Exception as exc:  # every waiter gets the error; the batcher itself lives on

@@ -405,22 +405,29 @@ class PhaseTransition:
             await self._hand_off(Pending(successor))
         elif successor is not None and body is not None and outbox_id is not None:
             # Sent while the runtime deletes the received message: the hop waits for the
-            # longer of the two SQS calls, not their sum.
+            # longer of the two SQS calls, not their sum. The delete starts once the send's
+            # request is under way, so building the delete's request does not hold the send's
+            # up (the wait between two phases on LocalStack: 1.22x the floor with both started
+            # together, 1.12x before, when the send had a head start by accident).
+            issued: asyncio.Future[None] = self.deadlines.event_loop().create_future()
             sending = self._durable(self._send_successor(
                 OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
-                commit_started))
+                commit_started, issued))
             self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
+            await issued
             return Settlement(Action.DELETE, outcome.label, sending=sending)
         self.faults.hit("after_send")
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
 
-    async def _send_successor(self, row: OutboxRow, committed: float) -> bool:
-        sent = await self.emit(row, committed)
+    async def _send_successor(self, row: OutboxRow, committed: float,
+                              issued: asyncio.Future[None] | None = None) -> bool:
+        sent = await self.emit(row, committed, issued)
         self.faults.hit("after_send")
         return sent
 
-    async def emit(self, row: OutboxRow, committed: float | None = None) -> bool:
+    async def emit(self, row: OutboxRow, committed: float | None = None,
+                   issued: asyncio.Future[None] | None = None) -> bool:
         """Send an outbox row and mark it sent. On failure the relay sends it later.
 
         Concurrent sends share one SendMessageBatch. Marking sent does not hold up the delete
@@ -430,13 +437,16 @@ class PhaseTransition:
         try:
             with tracing.send_span("queue"):
                 if self._sender is not None:
-                    await self._sender.submit(message)
+                    await self._sender.submit(message, issued)
                 else:
+                    _set(issued)
                     await self.queue.send([message])
         except Exception as exc:
             metrics.SQS_ERRORS.labels("send").inc()
             log.warning("emit_failed_relay_will_send", error=type(exc).__name__)
             return False
+        finally:
+            _set(issued)  # whatever became of the send, whoever waits for it goes on
         if committed is not None:
             metrics.OUTBOX_SEND_LAG.observe(time.monotonic() - committed)
         if self._mark_sent is not None:
@@ -461,3 +471,8 @@ class PhaseTransition:
     def _backoff(self, attempts: int) -> int:
         """A retry's visibility timeout: whole seconds with full jitter (transition_config.py)."""
         return retry_delay_s(self.config, attempts)
+
+
+def _set(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)

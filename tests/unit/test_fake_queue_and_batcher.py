@@ -80,6 +80,28 @@ async def test_batcher_hands_the_error_to_every_waiter_and_lives_on():
     await asyncio.gather(runner, return_exceptions=True)
 
 
+async def test_batcher_tells_a_submitter_when_its_call_is_under_way():
+    """``issued`` is set as the call carrying the item starts, before it ends: the transition
+    starts the received message's delete then, not before the successor's send request."""
+    release = asyncio.Event()
+    started: list[list[str]] = []
+
+    async def flush(items):
+        started.append(list(items))
+        await release.wait()
+
+    batcher = MicroBatcher[str](flush)
+    runner = asyncio.create_task(batcher.run())
+    issued = asyncio.get_running_loop().create_future()
+    sending = asyncio.create_task(batcher.submit("successor", issued))
+    await issued
+    assert started == [["successor"]] and not sending.done()
+    release.set()
+    await sending
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
 def test_faults_parse_and_refuse_unknown_points():
     assert not Faults("").active
     assert Faults("after_commit@2,after_send%0.5").active
