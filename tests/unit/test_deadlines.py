@@ -102,20 +102,15 @@ async def swallows_once(ctx: Any, state: asyncio.Event) -> Any:
 
 async def test_a_shutdown_cancel_stays_a_cancel_before_and_after_the_limit():
     deadlines = PhaseDeadlines()
-    # Within the limit: the worker's cancel is not a timeout.
-    entered = asyncio.Event()
-    task = asyncio.create_task(call_phase(
-        WF.get_phase("enters"), None, entered, 60.0, deadlines))  # type: ignore[arg-type]
-    await entered.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    # After the limit expired: the shutdown's cancel stays a cancel, not a PhaseTimeout.
-    limit_reached = asyncio.Event()
-    task = asyncio.create_task(call_phase(
-        WF.get_phase("swallows_once"), None, limit_reached, 0.05, deadlines))  # type: ignore[arg-type]
-    await limit_reached.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    # Within the limit ("enters" signals once running), and after the limit expired
+    # ("swallows_once" signals once the limit's cancellation reached it): the worker's
+    # cancel is a cancel, not a PhaseTimeout.
+    for phase, limit_s in (("enters", 60.0), ("swallows_once", 0.05)):
+        reached = asyncio.Event()
+        task = asyncio.create_task(call_phase(
+            WF.get_phase(phase), None, reached, limit_s, deadlines))  # type: ignore[arg-type]
+        await reached.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     assert deadlines.running == 0
