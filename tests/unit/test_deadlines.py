@@ -67,7 +67,7 @@ async def test_phases_sharing_the_timer_time_out_alone_and_leave_nothing_behind(
     assert isinstance(timed_out, PhaseTimeout)
     assert str(timed_out) == "phase hangs ran longer than 0.05s"
     assert cancelling == 0
-    assert not slow.done() and not other.done()  # their limits are an hour away
+    assert not slow.done() and not other.done()  # their limits are a minute away
     release.set()
     assert await slow == ("done", 0)
     assert await other == ("done", 0)
