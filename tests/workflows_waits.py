@@ -48,3 +48,25 @@ async def ask(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 async def act(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     await record(ctx)
     return {**state, "signal": ctx.signal, "timed_out": ctx.signal is None}
+
+
+# "ask" waits for signal "approval"; "act" and "after" each keep the signal they saw. The
+# signal is delivered to act's seq only: "after" (run in the same worker's chain when local
+# continuation is on) must see none, as it would through SQS.
+signalled_then_after = Workflow("signalled_then_after", schema_version=1)
+
+
+@signalled_then_after.phase("ask")
+async def ask_then(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    ctx.wait_for_signal("approval", timeout_s=3600)
+    return state
+
+
+@signalled_then_after.phase("act")
+async def act_then(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "act_signal": ctx.signal}
+
+
+@signalled_then_after.phase("after")
+async def after(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "after_signal": ctx.signal}

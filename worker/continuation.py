@@ -149,7 +149,8 @@ def advance(chain: Chain, leases: Leases, successor: Envelope, position: RunPosi
     """Chain on: the successor (its lease committed with ``commit``) is the next hop's. The run
     row as this worker's commit left it; the state as the next worker would load it (decoded
     from the canonical JSON that was committed, same schema version: same values, same
-    types)."""
+    types). What belongs to one seq goes: its saved progress, and the signal delivered to it
+    (the next seq has none: a phase that waits for one never continues)."""
     chain.hops += 1
     chain.pending = Pending(successor)
     leases.hold(successor.workflow_id)
@@ -158,7 +159,8 @@ def advance(chain: Chain, leases: Leases, successor: Envelope, position: RunPosi
     next_position = replace(
         position, status="running", next_seq=commit.seq + 1, current_phase=commit.next_phase,
         attempts=0, state_json=commit.state_json, state_hash=commit.state_hash,
-        state_version=commit.schema_version, progress_json=None)
+        state_version=commit.schema_version, progress_json=None,
+        signal_json=None)
     return Hop(successor, commit.next_phase, next_position, json.loads(commit.state_json))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY as METRICS
 
 import phasegate
 from phasegate.orchestrator.api import Services, create_app
@@ -33,9 +34,9 @@ from tests.helpers import (
     wait_for,
     write_tokens,
 )
-from tests.workflows_waits import signalled
+from tests.workflows_waits import signalled, signalled_then_after
 
-REGISTRY = Registry([signalled])
+REGISTRY = Registry([signalled, signalled_then_after])
 
 
 @pytest.fixture
@@ -99,6 +100,27 @@ async def test_a_waiting_run_completes_with_the_signal_payload(
     assert await fetchval(dsn, "SELECT count(*) FROM signals WHERE consumed_seq IS NULL") == 1
     await fetch(dsn, "DELETE FROM workflow_runs WHERE workflow_id = 'sig-1'")
     assert await fetchval(dsn, "SELECT count(*) FROM signals") == 0
+
+
+async def test_a_phase_continued_after_the_signalled_one_sees_no_signal(
+        client: httpx.AsyncClient, settings: Settings) -> None:
+    """The signal is delivered to one seq: the phase after it, run in the same worker's chain
+    (local continuation, on by default), gets ``ctx.signal`` None, as it would from SQS."""
+    dsn = settings.database_url or ""
+    response = await client.post("/v1/workflows", json={
+        "workflow": "signalled_then_after", "input": {}, "id": "sig-chain"})
+    assert response.status_code == 201, response.text
+    continued = METRICS.get_sample_value("phasegate_continued_hops_total") or 0.0
+    async with running_worker(settings, REGISTRY):
+        await wait_for(lambda: is_waiting(client, "sig-chain"), what="run waiting")
+        response = await client.post("/v1/workflows/sig-chain/signals/approval",
+                                     json={"payload": {"go": 1}})
+        assert response.status_code == 200 and response.json()["delivered"] is True
+        await wait_for(lambda: all_done(dsn, ["sig-chain"]), what="run completed")
+    assert (METRICS.get_sample_value("phasegate_continued_hops_total") or 0.0) > continued
+    text = await fetchval(dsn, "SELECT state::text FROM checkpoints WHERE workflow_id = $1 "
+                          "AND seq = 2 AND kind = 'phase'", "sig-chain")
+    assert json.loads(text) == {"act_signal": {"go": 1}, "after_signal": None}
 
 
 async def test_a_wait_that_times_out_runs_the_next_phase_with_no_signal(
