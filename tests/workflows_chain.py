@@ -26,3 +26,29 @@ async def step(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
 
 for name in PHASES:
     hops.phase(name)(step)
+
+
+# What each phase saw of its context, kept in the state: a run with local continuation on and
+# one with it off must keep the same views (tests/integration/test_continuation.py).
+CONTEXT_PHASES = ("c0", "c1", "c2", "c3")
+context_views = Workflow("context_views", schema_version=2)
+
+
+def _view(ctx: Context) -> dict[str, Any]:
+    return {"phase": ctx.phase, "seq": ctx.seq, "branch": ctx.branch, "attempt": ctx.attempt,
+            "schema_version": ctx.schema_version, "tier_attempt": ctx.tier_attempt,
+            "resumed_progress": ctx.resumed_progress, "signal": ctx.signal,
+            "merged": len(ctx.merged), "fork_scope": ctx.fork_scope is not None,
+            "workflow": ctx.workflow}
+
+
+def _context_phase(name: str) -> Any:
+    async def phase(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+        ctx.progress({"in": name})  # kept for this seq only, never the next phase's
+        return {**state, "views": [*state.get("views", []), _view(ctx)]}
+    phase.__name__ = f"context_{name}"
+    return phase
+
+
+for _name in CONTEXT_PHASES:
+    context_views.phase(_name)(_context_phase(_name))

@@ -5,11 +5,13 @@ heartbeat, SIGTERM, a cancel) still ends with each phase committed exactly once.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from datetime import timedelta
 
 import asyncpg
+from prometheus_client import REGISTRY as METRICS
 from structlog.testing import capture_logs
 
 from phasegate.orchestrator.control import Control
@@ -294,6 +296,32 @@ async def _chain(settings: Settings) -> tuple[int, bool | None]:
                        "SELECT next_seq, CASE WHEN chain_holder IS NOT NULL "
                        "THEN chain_until > now() END AS live FROM run_positions"))[0]
     return row["next_seq"], row["live"]
+
+
+async def test_a_continued_phase_sees_the_context_a_phase_from_sqs_sees(settings):
+    """Every field of ``ctx`` a phase reads is the same whether the phase ran in its
+    predecessor's chain or from its message through SQS (the seq's own progress and signal
+    stay with that seq)."""
+    registry = Registry([workflows_chain.context_views])
+    views = {}
+    for continuation in (True, False):
+        run_settings = settings.model_copy(update={"continuation": continuation})
+        continued = METRICS.get_sample_value("phasegate_continued_hops_total") or 0.0
+        async with store_for(settings.database_url) as store, queue_for(settings) as queue:
+            wid = (await start_workflow(store, queue, workflow=workflows_chain.context_views,
+                                        input={})).workflow_id
+        async with running_worker(run_settings, registry):
+            await wait_for(lambda wid=wid: all_done(settings.database_url, [wid]),
+                           what="run completed")
+        hops = (METRICS.get_sample_value("phasegate_continued_hops_total") or 0.0) - continued
+        assert hops == (len(workflows_chain.CONTEXT_PHASES) - 1 if continuation else 0)
+        state = await fetchval(settings.database_url, "SELECT state::text FROM checkpoints "
+                               "WHERE workflow_id = $1 AND seq = $2", wid,
+                               len(workflows_chain.CONTEXT_PHASES) - 1)
+        views[continuation] = json.loads(state)["views"]
+    assert views[True] == views[False]
+    assert [v["phase"] for v in views[True]] == list(workflows_chain.CONTEXT_PHASES)
+    assert all(v["resumed_progress"] is None and v["attempt"] == 1 for v in views[True])
 
 
 def test_settings_default_to_continuation_on(database_url, queue_pair, sqs_endpoint):
