@@ -362,12 +362,17 @@ class Worker:
 
     async def _settle(self, message: Received, settlement: Settlement) -> None:
         try:
-            if settlement.action is Action.DELETE and settlement.sending is not None:
-                # Shielded: the send is durable (the transition's), whatever happens here.
-                await asyncio.gather(self._delete(message.receipt_handle),
-                                     asyncio.shield(settlement.sending))
-            elif settlement.action is Action.DELETE:
+            if settlement.action is Action.DELETE:
+                # The successor's send is already under way in a task of its own, so waiting
+                # for the delete first and then for the send waits for the longer of the two,
+                # as running both at once did, without a task and a gather for the delete.
                 await self._delete(message.receipt_handle)
+                sending = settlement.sending
+                if sending is not None and not sending.done():
+                    # Shielded: the send is durable (the transition's), whatever happens here.
+                    await asyncio.shield(sending)
+                elif sending is not None:
+                    sending.result()  # its error, as awaiting it would raise
             else:
                 await self._release((message.receipt_handle, settlement.visibility_s))
         except Exception as exc:
