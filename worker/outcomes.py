@@ -8,8 +8,8 @@ of them imports the transition itself.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -33,7 +33,7 @@ class Settlement:
     # The successor's send, still in flight: the runtime deletes the received message
     # meanwhile (the committed outbox row stands for the successor whatever becomes of the
     # send) and waits for both, so a slot is freed only when the hop's SQS work is done.
-    sending: Awaitable[bool] | None = field(default=None, compare=False)
+    sending: asyncio.Future[bool] | None = field(default=None, compare=False)
 
 
 class Emit(Protocol):
