@@ -1,7 +1,7 @@
 """Where the worker's CPU goes per transition: one in-process phasegate run under py-spy.
 
     python -m bench.profile [--groups 16] [--phases 200] [--continuation on|off]
-                            [--commit-window-ms MS] [--count] [--time-log-lines]
+                            [--commit-window-ms MS] [--count] [--time-log-lines | --time-hop]
                             [--out bench/results/profile-X.txt]
 
 Runs the phasegate side of ``bench/transitions.py`` (in-process FIFO, a fresh database on a
@@ -21,6 +21,11 @@ on load (asyncio tasks, ``call_soon`` callbacks, JSON encodings, pool acquires, 
 transition inside the worker (the phase line and the checkpoint's audit line, wall time in the
 two calls, µs per transition). Inside the worker a line costs two to three times what it costs
 in a loop (``python -m bench.hops``): its caches are cold between a phase and its commit.
+
+``--time-hop``: the same run timing, besides the two lines, the hop's other named steps as the
+transition calls them (``advance``, ``storable``, ``successor_message``, ``PhaseCommit``,
+``attempt`` with the no-op phase inside it, ``decide``, ``state_hash``): what is left of the
+client CPU per transition is the event loop, asyncpg and group commit.
 """
 
 from __future__ import annotations
@@ -55,21 +60,34 @@ POOL = "asyncpg/pool.py"
 QUERY = ("asyncpg/connection.py", "asyncpg/protocol", "asyncpg/prepared_stmt.py")
 
 
+# The hop's named steps, as ``worker/transition.py`` looks them up when it calls them (names
+# imported into that module): wrapping them there reaches a worker made before.
+HOP_STEPS = ("advance", "storable", "successor_message", "PhaseCommit", "decide", "state_hash")
+
+
 class LogLineTimes:
     """``with LogLineTimes() as times: ...``: wall time inside the worker's two log lines per
     transition (``PhaseLog.__call__``, ``audit.checkpoint_written``: both looked up when
-    called, so wrapping them here reaches a worker made before)."""
+    called, so wrapping them here reaches a worker made before); with ``hop``, inside the
+    hop's other named steps too (``HOP_STEPS`` and ``attempt``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hop: bool = False) -> None:
         self.ns: Counter[str] = Counter()
+        self.figures: list[str] = []
+        self._hop = hop
         self._undo: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> LogLineTimes:
         from phasegate import audit
-        from phasegate.worker import outcomes
+        from phasegate.worker import outcomes, transition
 
         self._wrap(outcomes.PhaseLog, "__call__", "the phase line")
         self._wrap(audit, "checkpoint_written", "the audit line")
+        if self._hop:
+            for name in HOP_STEPS:
+                self._wrap(transition, name, f"`{name}`")
+            self._wrap(transition, "attempt", "`attempt` (the no-op phase inside)",
+                       awaited=True)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -78,9 +96,10 @@ class LogLineTimes:
             setattr(owner, name, original)
         self._undo.clear()
 
-    def _wrap(self, owner: Any, name: str, figure: str) -> None:
+    def _wrap(self, owner: Any, name: str, figure: str, awaited: bool = False) -> None:
         original = getattr(owner, name)
         spent = self.ns
+        self.figures.append(figure)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter_ns()
@@ -89,21 +108,29 @@ class LogLineTimes:
             finally:
                 spent[figure] += time.perf_counter_ns() - started
 
-        setattr(owner, name, timed)
+        async def timed_awaited(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter_ns()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                spent[figure] += time.perf_counter_ns() - started
+
+        setattr(owner, name, timed_awaited if awaited else timed)
         self._undo.append((owner, name, original))
 
     def table(self, transitions: int) -> str:
         lines = ["| per transition (timed run) | µs |", "|---|---:|"]
         lines += [f"| {figure} | {self.ns[figure] / transitions / 1000:.1f} |"
-                  for figure in ("the phase line", "the audit line")]
+                  for figure in self.figures]
         return "\n".join(lines)
 
 
 async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
-               count: bool, time_log_lines: bool = False) -> str:
+               count: bool, time_log_lines: bool = False, time_hop: bool = False) -> str:
     """A warm-up run (imports, connections, first-use caches), then the measured run with
     py-spy attached to this process for exactly its duration; with ``count``, a counted run;
-    with ``time_log_lines``, a run timing the log lines."""
+    with ``time_log_lines``, a run timing the log lines (with ``time_hop``, and the hop's
+    other named steps)."""
     from bench.per_transition import WorkCounts
     from bench.transitions import Env, Workload, _quiet_logs, run_phasegate
 
@@ -135,8 +162,8 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
             await run_phasegate(await databases.fresh(), workload, env)
             env.around = None
             counted = "\n\n" + count_table(counts.per(workload.transitions))
-        if time_log_lines:
-            times = LogLineTimes()
+        if time_log_lines or time_hop:
+            times = LogLineTimes(hop=time_hop)
             env.around = lambda: times
             await run_phasegate(await databases.fresh(), workload, env)
             env.around = None
@@ -245,6 +272,8 @@ def main() -> None:
                         help="also count per-transition work in a separate, unsampled run")
     parser.add_argument("--time-log-lines", action="store_true",
                         help="also time the two log lines per transition in a separate run")
+    parser.add_argument("--time-hop", action="store_true",
+                        help="as --time-log-lines, and the hop's other named steps")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     options: dict[str, Any] = {"continuation": args.continuation == "on"}
@@ -255,7 +284,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
         header = asyncio.run(_run(args.groups, args.phases, raw, options, args.count,
-                                  args.time_log_lines))
+                                  args.time_log_lines, args.time_hop))
         report = header + "\n\n" + analyse(raw.read_text())
         if args.out:  # the raw stacks beside the report, for a flame graph or a re-analysis
             args.out.with_suffix(".raw.txt").write_text(raw.read_text())
