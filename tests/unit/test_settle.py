@@ -69,6 +69,26 @@ async def test_a_cancelled_settle_leaves_the_send_running() -> None:
     assert await asyncio.wait_for(sending, timeout=5) is True
 
 
+async def test_a_send_that_already_failed_still_frees_the_slot_after_the_delete() -> None:
+    """The send ended before the runtime settles (with an error the transition did not catch):
+    the delete still goes out, the failure is logged as the settle's, the slot is freed."""
+    from structlog.testing import capture_logs
+
+    worker, message, deleted = await _worker_holding_one()
+
+    async def send() -> bool:
+        raise RuntimeError("send lost")
+
+    sending = asyncio.ensure_future(send())
+    await asyncio.gather(sending, return_exceptions=True)
+    with capture_logs() as logs:
+        await worker._settle(message, Settlement(Action.DELETE, "advanced", sending=sending))
+    assert deleted == [message.receipt_handle]
+    assert message.receipt_handle not in worker._held
+    assert [line["event"] for line in logs] == ["settle_failed"]
+    assert logs[0]["action"] == "delete" and logs[0]["error"] == "RuntimeError"
+
+
 def test_a_settlement_compares_without_its_send() -> None:
     assert Settlement(Action.DELETE, "advanced", sending=None) == Settlement(Action.DELETE,
                                                                              "advanced")
