@@ -92,6 +92,18 @@ class Floor:
         from its start to its end, as phasegate's pool does."""
         self._connections = [await asyncpg.connect(self.dsn) for _ in range(self.concurrency)]
 
+    async def rehearse(self, queue: Any, workflow_id: str, phases: int) -> None:
+        """One run of ``phases`` through ``queue`` on the open connections, before the timed
+        one (bench/transitions.py, ``REHEARSAL``); then ready to run again."""
+        timed, self.queue = self.queue, queue
+        expected, self.expected_runs = self.expected_runs, 1
+        try:
+            await queue.send([floor_message(workflow_id, 0, phases)])
+            await self.run()
+        finally:
+            self.queue, self.expected_runs, self.finished = timed, expected, 0
+            self.done, self.first_commit = asyncio.Event(), asyncio.Event()
+
     async def close(self) -> None:
         for connection in self._connections:
             await connection.close()

@@ -139,7 +139,9 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
     databases = await Databases(private=True, history=HISTORY_RUNS).start()
     counted = ""
     try:
-        env = Env(databases, **options)
+        # No rehearsal (bench/transitions.py): the warm-up run below stands for it, outside
+        # py-spy's window; inside run_phasegate it would be sampled with the measured run.
+        env = Env(databases, rehearsal=False, **options)
         # The warm-up runs the measured workload: its phases' metric children (one per phase
         # name and outcome, made on first use and kept, as a worker keeps them for its
         # workflows' phases) are made there, not in the measured run.

@@ -29,7 +29,7 @@ Six measurements on a private cluster (bench/common.py), each against its own fr
   the phase) and ``commit_phase`` for a plain advance (its outbox row), against
   ``advance_phase`` (migration 0027), the leaner statement that now commits a plain advance
   sent alone. Alone with ``--only commits``.
-  Wall time, client CPU and the server process's CPU (``/proc/<pid>/stat``) per call: the
+  Wall time, client CPU and the server process's CPU (``/proc/<pid>/schedstat``) per call: the
   commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
   built on that statement could reach against the floor at one group.
 - **batches**: continued hops committed together, as group commit sends them (four runs' hops
@@ -62,18 +62,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from bench.common import ROOT, PrivateCluster, machine, with_database, write_results
+from bench.common import (
+    ROOT,
+    PrivateCluster,
+    machine,
+    process_cpu_s,
+    with_database,
+    write_results,
+)
 from phasegate.db import connect, create_pool
 from phasegate.migrate import migrate
 from phasegate.sql import queries
@@ -274,7 +279,6 @@ COMMIT_CALLS = {
                        '"seq":' + str(s + 1) + ',"phase":"p' + str(s + 1) + '","traceparent":"'
                        + TRACE + '"}')),
 }
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The private cluster serves nothing else, so the insert position moves with the calls only.
 WAL_POSITION = "SELECT pg_current_wal_insert_lsn()"
 WAL_SINCE = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)::float8"
@@ -310,14 +314,16 @@ BATCH_CALLS = {
 
 
 def _process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    seconds = process_cpu_s(pid)
+    if seconds is None:
+        raise RuntimeError(f"no CPU time for the server process {pid}: not on this host?")
+    return seconds
 
 
 async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[str, float]:
     """Per hop of ``label``'s statement, RUNS x phases hops from seq 0, ``batch`` runs' hops
     per call (the batches section's statements): wall, client CPU and the server process's
-    CPU, µs (clock ticks, so a run lasts long enough to count them)."""
+    CPU, µs."""
     sql, make_args = COMMIT_CALLS[label] if batch == 1 else BATCH_CALLS[label]
     await _from_seq_0(dsn)
     connection = await connect(dsn)

@@ -25,7 +25,10 @@ async def test_harness_produces_every_figure(pg_server_dsn: str) -> None:
     per = result["summary"]["per_workload"]
     assert set(per) == {"memory/1g", "memory/2g"}
     for row in per.values():
-        for figure in (*PER_RUN, "pg_round_trips_per_transition"):
+        # Postgres CPU too: counted in nanoseconds, so even a run of a few transitions has
+        # some (in clock ticks the floor's read 0).
+        for figure in (*PER_RUN, "pg_round_trips_per_transition",
+                       "server_cpu_per_transition_us"):
             for system in ("floor", "phasegate"):
                 value = row[figure][system]
                 assert math.isfinite(value) and value > 0, (figure, system, value)
@@ -104,3 +107,27 @@ def test_a_continuation_run_fills_the_continuation_targets(tmp_path: Path) -> No
     # LocalStack was not run here: its continuation row still points elsewhere.
     assert by[("wait between two phases on LocalStack ≤ 0.3x floor, continuation on",
                "localstack/1g")][0] == CONTINUATION
+
+
+def test_the_localstack_workloads_fill_the_same_targets_except_round_trips() -> None:
+    row = {"transitions_per_s": _cell(100, 250), "cpu_per_transition_us": _cell(2000, 600),
+           "server_cpu_per_transition_us": _cell(100, 160), "wal_bytes_per_transition":
+           _cell(1000, 1400), "sqs_calls_per_transition": _cell(3, 0.1),
+           "latency_p50_ms": _cell(7, 1)}
+    per = {key: row for key in ("localstack/1g", "localstack/1g+cont", "localstack/16g",
+                                "localstack/16g+cont")}
+    rows = transition_targets({"per_workload": per}, "cmd")
+    by = {(target, where): (measured, met) for target, measured, where, met, _ in rows}
+    for key in ("localstack/1g", "localstack/16g"):
+        assert by[("throughput ≥ 0.85x floor, continuation off", key)] == ("2.50x", "yes")
+        assert by[("throughput ≥ 1.0x floor, continuation on", key + "+cont")] == (
+            "2.50x", "yes")
+        for where in (key, key + "+cont"):
+            assert by[("client CPU per transition ≤ 1.15x floor", where)] == ("0.30x", "yes")
+            assert by[("Postgres CPU per transition ≤ 1.5x floor", where)] == (
+                "1.60x", "**no**")
+            assert by[("WAL bytes per transition ≤ 1.5x floor", where)] == ("1.40x", "yes")
+            # Round trips are counted in-process only.
+            assert ("≤ 1 Postgres round trip per transition (average)", where) not in by
+        assert by[("≤ 0.5 SQS calls per transition with continuation (floor: 3)",
+                   key + "+cont")] == ("0.10", "yes")
