@@ -202,7 +202,12 @@ def render(result: dict[str, Any], source: Path) -> str:
         "",
         "Ratios are phasegate ÷ the floor of the same run (medians). A `+cont` workload ran "
         "with local continuation on (`--continuation on`), the others with it off; a cell "
-        "without a `+cont` run points to the Local continuation section.",
+        "without a `+cont` run points to the Local continuation section. `memory/*` rows: the "
+        "in-process FIFO, where an SQS call costs next to nothing, so the floor is a Postgres "
+        "commit and little else. `localstack/*` rows: the same targets where every SQS call "
+        "is an HTTP request to an SQS server (LocalStack, on the same two cores), as in a "
+        "deployment, where each call costs the worker about a millisecond of CPU "
+        "(Targets by shape, below the tables).",
         "",
         "| target | measured | where | met | command |",
         "|---|---|---|---|---|",

@@ -1,9 +1,10 @@
 """Where Postgres' time and WAL go per transition, statement by statement.
 
     python -m bench.server_statements [--groups 1] [--phases 1500] [--continuation off|on]
-                                      [--top 15]
+                                      [--top 15] [--localstack-endpoint URL]
 
-The phasegate side of ``bench/transitions.py`` (in-process FIFO) and its floor, each on a
+The phasegate side of ``bench/transitions.py`` (in-process FIFO, or with
+``--localstack-endpoint`` a running LocalStack) and its floor, each on a
 fresh database of one private cluster started with ``pg_stat_statements``; the statistics are
 reset after a warm-up run and read after the measured one. For every top-level statement the
 runs sent: calls, execution time and WAL bytes per transition (``pg_stat_statements``: the
@@ -113,8 +114,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         # No rehearsal (bench/transitions.py): the statistics are reset after the warm-up
         # run, so a rehearsal inside the measured run would be counted with it.
         env = Env(databases, continuation=args.continuation == "on", rehearsal=False)
-        workload = Workload("memory", args.groups, args.phases)
+        env.localstack_endpoint = args.localstack_endpoint
+        backend = "localstack" if args.localstack_endpoint else "memory"
+        workload = Workload(backend, args.groups, args.phases)
         report: dict[str, Any] = {"when": datetime.now(UTC).isoformat(), "machine": machine(),
+                                  "backend": backend,
                                   "groups": args.groups, "phases": args.phases,
                                   "continuation": args.continuation,
                                   "history_runs": args.history}
@@ -135,12 +139,15 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=1500)
     parser.add_argument("--continuation", choices=("on", "off"), default="off")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--localstack-endpoint", default=None, metavar="URL",
+                        help="run both over a running LocalStack (localstack/run-without-docker"
+                        ".sh) instead of the in-process FIFO")
     parser.add_argument("--history", type=int, default=HISTORY_RUNS, metavar="RUNS",
                         help="finished runs the databases start with, analyzed (0: empty)")
     args = parser.parse_args()
     report = asyncio.run(bench(args))
     path = write_results("server-statements", report,
-                         f"{args.groups}g-{args.continuation}-h{args.history}")
+                         f"{report['backend']}-{args.groups}g-{args.continuation}-h{args.history}")
     for name in ("floor", "phasegate"):
         print(markdown(f"{name} ({args.groups} groups, continuation {args.continuation})",
                        report[name]["statements"]))
