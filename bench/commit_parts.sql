@@ -1,0 +1,110 @@
+-- What a continued hop's commit statement spends its time on inside the server, part by part.
+--
+--     createdb phasegate_parts && PHASEGATE_DATABASE_URL=postgresql://.../phasegate_parts phasegate migrate
+--     psql -d phasegate_parts -At -f bench/commit_parts.sql
+--
+-- On a migrated, otherwise unused database (it truncates workflow_runs). 200 running runs; each
+-- part is called 2,000 times, one call per transaction, as the worker commits them; the figure
+-- is µs per call, commit included. synchronous_commit is off for this session so the WAL
+-- flush, the same for every part, does not drown the differences (bench/statement_costs.py
+-- measures the statements with their flush, as a worker sends them). The parts are the three
+-- writes of phasegate_continue_phase (migration 0021) with the same SET lists and conditions:
+-- the run row (with the position trigger's flag), the position with its chain lease, the
+-- checkpoint; then the run row without the trigger and with two columns only, and the floor's
+-- INSERT (bench/floor.py) for scale. Two rounds.
+\set ON_ERROR_STOP 1
+SET synchronous_commit = off;
+SET client_min_messages = warning;
+TRUNCATE workflow_runs CASCADE;
+INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase, status,
+                           next_seq)
+SELECT 'r' || g, 'wf', 1, '{}'::jsonb, 'p0', 'running', 0 FROM generate_series(1, 200) g;
+CREATE TEMP TABLE floor_rows (workflow_id text, seq int, state jsonb,
+                              committed_at timestamptz DEFAULT now(),
+                              PRIMARY KEY (workflow_id, seq));
+
+CREATE PROCEDURE pg_temp.part(kind text, INOUT us float8 DEFAULT 0) LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz;
+    state text := '{"s":"' || repeat('x', 900) || '"}';
+BEGIN
+    UPDATE workflow_runs SET next_seq = 0;
+    DELETE FROM checkpoints;
+    DELETE FROM floor_rows;
+    COMMIT;
+    started := clock_timestamp();
+    FOR s IN 0..9 LOOP
+        FOR w IN 1..200 LOOP
+            CASE kind
+            WHEN 'continue_phase, the whole statement' THEN
+                PERFORM phasegate_continue_phase('r' || w, 'main', s, 'p' || s, 1, state, 'h',
+                    'p' || (s + 1), NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1',
+                    30.0, '00-abc');
+            WHEN 'the run row' THEN
+                PERFORM set_config('phasegate.own_position', 'on', true);
+                UPDATE workflow_runs
+                   SET next_seq = s + 1, current_phase = 'p' || (s + 1), attempts = 0,
+                       error = NULL, due_at = NULL, waiting_for = NULL, tier = NULL,
+                       tier_label = NULL, review = coalesce(NULL::jsonb, review),
+                       finished_at = NULL
+                 WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running';
+            WHEN 'the run row, two columns, no trigger' THEN
+                UPDATE workflow_runs SET next_seq = s + 1, current_phase = 'p' || (s + 1)
+                 WHERE workflow_id = 'r' || w AND next_seq = s AND status = 'running';
+            WHEN 'the position and its chain lease' THEN
+                UPDATE run_positions p
+                   SET status = 'running', next_seq = s + 1, current_phase = 'p' || (s + 1),
+                       tier = NULL, tier_label = NULL, updated_at = now(), chain_holder = 'w1',
+                       chain_until = now() + make_interval(secs => 30.0),
+                       chain_traceparent = CASE WHEN p.chain_holder IS NOT DISTINCT FROM 'w1'
+                                                THEN p.chain_traceparent ELSE '00-abc' END
+                 WHERE p.workflow_id = 'r' || w;
+            WHEN 'the checkpoint' THEN
+                INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version,
+                                         state, state_hash, worker_id)
+                VALUES ('r' || w, 'main', s, 'p' || s, 'phase', 1, state::jsonb, 'h', 'w1');
+            WHEN 'the floor''s INSERT' THEN
+                INSERT INTO floor_rows (workflow_id, seq, state)
+                VALUES ('r' || w, s, state::jsonb)
+                ON CONFLICT (workflow_id, seq) DO UPDATE SET state = excluded.state;
+            WHEN 'an empty transaction' THEN
+                NULL;
+            END CASE;
+            COMMIT;
+        END LOOP;
+    END LOOP;
+    us := round((extract(epoch FROM clock_timestamp() - started) * 1e6 / 2000)::numeric, 1);
+END $$;
+
+\qecho round 1, continue_phase, the whole statement (µs per call):
+CALL pg_temp.part('continue_phase, the whole statement');
+\qecho round 1, the run row (µs per call):
+CALL pg_temp.part('the run row');
+ALTER TABLE workflow_runs DISABLE TRIGGER workflow_runs_position_update;
+\qecho round 1, the run row, two columns, no trigger (µs per call):
+CALL pg_temp.part('the run row, two columns, no trigger');
+ALTER TABLE workflow_runs ENABLE TRIGGER workflow_runs_position_update;
+\qecho round 1, the position and its chain lease (µs per call):
+CALL pg_temp.part('the position and its chain lease');
+\qecho round 1, the checkpoint (µs per call):
+CALL pg_temp.part('the checkpoint');
+\qecho round 1, the floor INSERT (µs per call):
+CALL pg_temp.part('the floor''s INSERT');
+\qecho round 1, an empty transaction (µs per call):
+CALL pg_temp.part('an empty transaction');
+\qecho round 2, continue_phase, the whole statement (µs per call):
+CALL pg_temp.part('continue_phase, the whole statement');
+\qecho round 2, the run row (µs per call):
+CALL pg_temp.part('the run row');
+ALTER TABLE workflow_runs DISABLE TRIGGER workflow_runs_position_update;
+\qecho round 2, the run row, two columns, no trigger (µs per call):
+CALL pg_temp.part('the run row, two columns, no trigger');
+ALTER TABLE workflow_runs ENABLE TRIGGER workflow_runs_position_update;
+\qecho round 2, the position and its chain lease (µs per call):
+CALL pg_temp.part('the position and its chain lease');
+\qecho round 2, the checkpoint (µs per call):
+CALL pg_temp.part('the checkpoint');
+\qecho round 2, the floor INSERT (µs per call):
+CALL pg_temp.part('the floor''s INSERT');
+\qecho round 2, an empty transaction (µs per call):
+CALL pg_temp.part('an empty transaction');
