@@ -11,7 +11,7 @@
 -- writes of phasegate_continue_phase (migration 0021) with the same SET lists and conditions:
 -- the run row (with the position trigger's flag), the position with its chain lease, the
 -- checkpoint; then the run row without the trigger and with two columns only, and the floor's
--- INSERT (bench/floor.py) for scale. Two rounds.
+-- INSERT (bench/floor.py) for scale. Two rounds; one line per part: "round N, part: µs".
 \set ON_ERROR_STOP 1
 SET synchronous_commit = off;
 SET client_min_messages = warning;
@@ -23,14 +23,19 @@ CREATE TEMP TABLE floor_rows (workflow_id text, seq int, state jsonb,
                               committed_at timestamptz DEFAULT now(),
                               PRIMARY KEY (workflow_id, seq));
 
-CREATE PROCEDURE pg_temp.part(kind text, INOUT us float8 DEFAULT 0) LANGUAGE plpgsql AS $$
+CREATE PROCEDURE pg_temp.part(round int, kind text, INOUT timed text DEFAULT NULL)
+LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz;
     state text := '{"s":"' || repeat('x', 900) || '"}';
+    no_trigger boolean := kind = 'the run row, two columns, no trigger';
 BEGIN
     UPDATE workflow_runs SET next_seq = 0;
     DELETE FROM checkpoints;
     DELETE FROM floor_rows;
+    IF no_trigger THEN
+        ALTER TABLE workflow_runs DISABLE TRIGGER workflow_runs_position_update;
+    END IF;
     COMMIT;
     started := clock_timestamp();
     FOR s IN 0..9 LOOP
@@ -63,7 +68,7 @@ BEGIN
                 INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version,
                                          state, state_hash, worker_id)
                 VALUES ('r' || w, 'main', s, 'p' || s, 'phase', 1, state::jsonb, 'h', 'w1');
-            WHEN 'the floor''s INSERT' THEN
+            WHEN 'the floor INSERT' THEN
                 INSERT INTO floor_rows (workflow_id, seq, state)
                 VALUES ('r' || w, s, state::jsonb)
                 ON CONFLICT (workflow_id, seq) DO UPDATE SET state = excluded.state;
@@ -73,38 +78,21 @@ BEGIN
             COMMIT;
         END LOOP;
     END LOOP;
-    us := round((extract(epoch FROM clock_timestamp() - started) * 1e6 / 2000)::numeric, 1);
+    timed := format('round %s, %s: %s', round, kind,
+                    round((extract(epoch FROM clock_timestamp() - started) * 1e6 / 2000)::numeric,
+                          1));
+    IF no_trigger THEN
+        ALTER TABLE workflow_runs ENABLE TRIGGER workflow_runs_position_update;
+        COMMIT;
+    END IF;
 END $$;
 
-\qecho round 1, continue_phase, the whole statement (µs per call):
-CALL pg_temp.part('continue_phase, the whole statement');
-\qecho round 1, the run row (µs per call):
-CALL pg_temp.part('the run row');
-ALTER TABLE workflow_runs DISABLE TRIGGER workflow_runs_position_update;
-\qecho round 1, the run row, two columns, no trigger (µs per call):
-CALL pg_temp.part('the run row, two columns, no trigger');
-ALTER TABLE workflow_runs ENABLE TRIGGER workflow_runs_position_update;
-\qecho round 1, the position and its chain lease (µs per call):
-CALL pg_temp.part('the position and its chain lease');
-\qecho round 1, the checkpoint (µs per call):
-CALL pg_temp.part('the checkpoint');
-\qecho round 1, the floor INSERT (µs per call):
-CALL pg_temp.part('the floor''s INSERT');
-\qecho round 1, an empty transaction (µs per call):
-CALL pg_temp.part('an empty transaction');
-\qecho round 2, continue_phase, the whole statement (µs per call):
-CALL pg_temp.part('continue_phase, the whole statement');
-\qecho round 2, the run row (µs per call):
-CALL pg_temp.part('the run row');
-ALTER TABLE workflow_runs DISABLE TRIGGER workflow_runs_position_update;
-\qecho round 2, the run row, two columns, no trigger (µs per call):
-CALL pg_temp.part('the run row, two columns, no trigger');
-ALTER TABLE workflow_runs ENABLE TRIGGER workflow_runs_position_update;
-\qecho round 2, the position and its chain lease (µs per call):
-CALL pg_temp.part('the position and its chain lease');
-\qecho round 2, the checkpoint (µs per call):
-CALL pg_temp.part('the checkpoint');
-\qecho round 2, the floor INSERT (µs per call):
-CALL pg_temp.part('the floor''s INSERT');
-\qecho round 2, an empty transaction (µs per call):
-CALL pg_temp.part('an empty transaction');
+-- Every part in turn, two rounds; each line: round, part, µs per call.
+SELECT format('CALL pg_temp.part(%s, %L)', round, part)
+  FROM generate_series(1, 2) AS round,
+       unnest(ARRAY['continue_phase, the whole statement', 'the run row',
+                    'the run row, two columns, no trigger', 'the position and its chain lease',
+                    'the checkpoint', 'the floor INSERT', 'an empty transaction'])
+       WITH ORDINALITY AS parts (part, position)
+ ORDER BY round, position
+\gexec
