@@ -74,10 +74,10 @@ RESULTS = ROOT / "bench" / "results"
 # it is then timed with, and outside the window: what a server connection does once (asyncpg's
 # type introspection of the array parameters, PL/pgSQL compiling the commit functions and
 # planning their statements, a statement's first description) and what a process does once
-# per phase name (its metric children) is not a transition's cost. Without it a phasegate run
-# carried ~90 ms of Postgres CPU and ~20 ms of client CPU it pays once per connection and
-# phase (14 and 3 µs per transition at 16 groups, ~3 ms of Postgres CPU per transition for
-# the 30-phase LocalStack workload). The rehearsal's runs are named like the history, so the
+# per phase name (its metric children) is not a transition's cost: without the rehearsal they
+# were 13-19 % of phasegate's client and Postgres CPU per transition (bench/benchmarks_notes.md,
+# "A rehearsal before each timed run"). One run is enough: rehearsing every group's run did
+# not move the figures at 16 groups. The rehearsal's runs are named like the history, so the
 # measured figures (``MEASURED``) leave them out.
 REHEARSAL = f"{HISTORY_PREFIX}rehearsal-"
 DOCS = ROOT / "docs" / "benchmarks.md"
