@@ -207,7 +207,7 @@ def render(result: dict[str, Any], source: Path) -> str:
         "commit and little else. `localstack/*` rows: the same targets where every SQS call "
         "is an HTTP request to an SQS server (LocalStack, on the same two cores), as in a "
         "deployment, where each call costs the worker about a millisecond of CPU "
-        "(Targets by shape, below the tables).",
+        "(\"Every target by shape\", further down).",
         "",
         "| target | measured | where | met | command |",
         "|---|---|---|---|---|",
