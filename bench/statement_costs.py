@@ -1,9 +1,9 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|commits|schemas|loads]
+                                    [--only batches|commits|schemas|loads|rows]
 
-Six measurements on a private cluster (bench/common.py), each against its own fresh database:
+Several measurements on a private cluster (bench/common.py), each against its own fresh database:
 
 - **driver**: one trivial statement (``SELECT length($1::text)``) through asyncpg, in a loop on
   one connection, with the statement cache (``statement_cache_size`` default: Bind + Execute,
@@ -54,6 +54,12 @@ Six measurements on a private cluster (bench/common.py), each against its own fr
   to claim) on databases at schema v27 and the newest, analyzed, in interleaved rounds:
   inside the server and as a worker sends it: what migration 0028 (a read first, the claim
   only when one is due) saves each message.
+- **rows** (``--only rows``, run alone): the commit statements on databases at schema v28 and
+  the newest, in interleaved rounds, as a worker sends them: a continued hop and a plain
+  advance alone (they name no rule's column but ``next_seq``), the general commit (it names
+  ``status``), and four continued hops per statement through ``continue_phases`` and as rows of
+  ``commit_phases``; wall, client CPU, server CPU and WAL per hop: what migration 0029 (the
+  row rules checked only by a write that can break them) saves each commit.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -458,6 +464,47 @@ async def loads(server_dsn: str, phases: int, rounds: int) -> dict[str, list[dic
     return found
 
 
+# The schema the rows section compares with the newest: before migration 0029 (the row rules'
+# functions called by every write, through one CHECK per table).
+ROWS_BEFORE = 28
+# What the rows section sends: the commits that name no rule's column but next_seq (a
+# continued hop, a plain advance), and those that name status unchanged (the general commit,
+# group commit's rows).
+ROWS_CALLS = (CONTINUE_HOP, "phasegate_advance_phase, a plain advance (migration 0027)",
+              COMMIT_HOP)
+ROWS_BATCHES = (CONTINUE_BATCH, "continued hops as rows of phasegate_commit_phases")
+
+
+ADVANCE_INSIDE = (
+    f"PERFORM * FROM phasegate_advance_phase('r' || w, 'main', s, 'p' || s, 1, '{STATE}', 'h', "
+    "'p' || (s + 1), NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, "
+    "'d' || w || '-' || s, 'g', '{\"v\":1}')")
+ROWS_INSIDE = {CONTINUE_HOP: SERVER_STATEMENTS[CONTINUE_HOP],
+               "phasegate_advance_phase, a plain advance (migration 0027)": ADVANCE_INSIDE,
+               COMMIT_HOP: SERVER_STATEMENTS[COMMIT_HOP]}
+
+
+async def rows(server_dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The commit statements on databases at schema v28 and the newest, in interleaved rounds:
+    inside the server (wall, the WAL flush off: the steadier figure) and as a worker sends them
+    (wall, client CPU, server CPU, WAL per hop): what migration 0029 (the row rules checked
+    only by a write that can break them) saves each commit."""
+    databases = await _at_schemas(server_dsn, ROWS_BEFORE)
+    found: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for label, body in ROWS_INSIDE.items():
+            for schema, dsn in databases.items():
+                await _from_seq_0(dsn)
+                found.setdefault(f"{label}, inside the server, schema {schema}", []).append(
+                    {"wall_us": await _hops(dsn, body, phases)})
+        for label in (*ROWS_CALLS, *ROWS_BATCHES):
+            for schema, dsn in databases.items():
+                batch = BATCH if label in ROWS_BATCHES else 1
+                found.setdefault(f"{label}, schema {schema}", []).append(
+                    await _calls(dsn, label, phases, batch=batch))
+    return found
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
     """The commit function's continued hop with and without the CHECK constraints, and with
     and without the triggers of the tables it writes (the foreign keys' among them)."""
@@ -506,7 +553,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.only is not None:
             section = {"batches": batches, "commits": commits}.get(args.only)
-            by_schema = {"schemas": schemas, "loads": loads}.get(args.only, schemas)
+            by_schema = {"schemas": schemas, "loads": loads, "rows": rows}.get(args.only,
+                                                                               schemas)
             found = (await section(await _with_setup(cluster.dsn), args.phases,
                                    args.check_rounds) if section is not None
                      else await by_schema(cluster.dsn, args.phases, args.check_rounds))
@@ -558,6 +606,25 @@ def _medians(name: str, found: dict[str, list[dict[str, float]]]) -> dict[str, A
                    for label, v in found.items()}}
 
 
+def _paired(found: dict[str, list[dict[str, float]]], before: str) -> str:
+    """Each figure of the newest schema over the same figure at ``before`` in the same round,
+    median over rounds: on a machine whose speed drifts between minutes, the rounds' own
+    ratios hold steadier than the ratio of two medians."""
+    lines = [f"| statement (newest ÷ {before}, median of per-round ratios) | wall | "
+             "client CPU | server CPU | WAL | rounds |", "|---|---:|---:|---:|---:|---:|"]
+    suffix = f", schema {before}"
+    for label, old in found.items():
+        if not label.endswith(suffix):
+            continue
+        new = found[label[:-len(suffix)] + ", schema newest"]
+        cells = []
+        for key in ("wall_us", "client_cpu_us", "server_cpu_us", "wal_bytes"):
+            ratios = [n[key] / o[key] for o, n in zip(old, new, strict=True) if o.get(key)]
+            cells.append(f"{statistics.median(ratios):.3f}" if ratios else "")
+        lines.append(f"| {label[:-len(suffix)]} | {' | '.join(cells)} | {len(old)} |")
+    return "\n".join(lines)
+
+
 def markdown(report: dict[str, Any]) -> str:
     if "commits" in report and "driver" not in report:
         floor = report["commits"][next(iter(COMMIT_CALLS))]["wall_us"]
@@ -568,6 +635,8 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{v['server_cpu_us']:.0f} | {v['wal_bytes']:.0f} |"
                   for label, v in report["commits"].items()]
         return "\n".join([*lines, "", f"floor wall: {floor:.0f} µs"])
+    if "rows" in report:
+        return _paired(report["rows_rounds"], f"v{ROWS_BEFORE}")
     for section, what in (("schemas", CONTINUE_HOP), ("loads", LOAD)):
         if section not in report:
             continue
@@ -613,7 +682,7 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads"],
+    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads", "rows"],
                         default=None,
                         help="run one section alone")
     args = parser.parse_args()

@@ -276,9 +276,9 @@ async def test_redrive_rebuilds_from_the_run_row_once(console: Console) -> None:
 
 async def test_unknown_statuses_render_generically(console: Console) -> None:
     # Other statuses arrive with other features (waiting, queued): drop the rule as a newer
-    # schema would widen it (migration 0022), and the pages must still draw them.
-    await fetch(console.dsn, "ALTER TABLE workflow_runs DROP CONSTRAINT "
-                "workflow_runs_row_valid")
+    # schema would widen it (migrations 0022, 0029), and the pages must still draw them.
+    for trigger in ("workflow_runs_rules_on_insert", "workflow_runs_rules_on_status"):
+        await fetch(console.dsn, f"DROP TRIGGER {trigger} ON workflow_runs")
     await add_run(console.dsn, "r-new", "snoozing", phase="held")
     async with console.session("ada") as client:
         listing = await client.get("/")

@@ -1,8 +1,10 @@
-"""The rules on run and checkpoint rows (migration 0022: one CHECK per table through a function,
-the triggers' conditions in functions) against real PostgreSQL: every rule the separate CHECKs
-enforced still refuses a bad row, with a check_violation that names the rule and does not echo
-the row; the position trigger still follows every other writer and ignores what it does not
-hold; the slot trigger still frees a slot only when a slot-holding run ends."""
+"""The rules on run and checkpoint rows against real PostgreSQL (migration 0022: the rules in one
+function per table; 0029: called by triggers that fire only on a write that can break them):
+every rule the separate CHECKs enforced still refuses a bad row, on insert and on update, with
+a check_violation that names the rule and does not echo the row; a commit that leaves its run
+running calls no rule at all; the position trigger still follows every other writer and
+ignores what it does not hold; the slot trigger still frees a slot only when a slot-holding
+run ends."""
 
 from __future__ import annotations
 
@@ -93,9 +95,58 @@ async def test_a_checkpoint_that_breaks_a_rule_is_refused_by_name(database_url, 
                 "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
                 "state, state_hash, worker_id, outcome) VALUES ($1, 'main', $2, 'p0', $3, 1, "
                 "'{}', 'h', 'w', $4)", f"rr-cp-{kind}", seq, good_kind, good_outcome)
+        # The same rule on an update of a good row.
+        with pytest.raises(asyncpg.CheckViolationError) as on_update:
+            await connection.execute(
+                "UPDATE checkpoints SET kind = $2, outcome = $3 WHERE workflow_id = $1 "
+                "AND seq = 0", f"rr-cp-{kind}", kind, outcome)
     finally:
         await connection.close()
     assert message in str(refused.value) and "s3cr3t" not in str(refused.value)
+    assert message in str(on_update.value) and on_update.value.detail is None
+
+
+RULES = ("phasegate_run_row_valid", "phasegate_checkpoint_row_valid")
+
+
+async def _rules_called(connection: asyncpg.Connection) -> dict[str, int]:
+    """How often each rule's function ran in this transaction (track_functions is on)."""
+    rows = await connection.fetch("SELECT funcname, calls FROM pg_stat_xact_user_functions "
+                                  "WHERE funcname = ANY($1::text[])", list(RULES))
+    return {row["funcname"]: row["calls"] for row in rows}
+
+
+async def test_a_commit_that_leaves_its_run_running_calls_no_rule(database_url):
+    """0029: a continued hop and a plain advance write no column a rule tests but next_seq,
+    which they move forward, so neither rule's function runs; a run's end, a checkpoint with an
+    outcome and an update of next_seq below 0 each run theirs."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(INSERT_RUN, "rr-hot", *GOOD)
+        async with connection.transaction():
+            await connection.execute("SET LOCAL track_functions = 'pl'")
+            assert await connection.fetchval(
+                "SELECT phasegate_continue_phase('rr-hot', 'main', 0, 'p0', 1, '{}', 'h', 'p1', "
+                "NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 30.0, '00-t')")
+            assert await connection.fetchrow(
+                "SELECT * FROM phasegate_advance_phase('rr-hot', 'main', 1, 'p1', 1, '{}', 'h', "
+                "'p2', NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'd-1', 'g', '{}')")
+            assert await connection.fetchval("SELECT count(*) FROM checkpoints "
+                                             "WHERE workflow_id = 'rr-hot'") == 2
+            assert await _rules_called(connection) == {}
+            # A status that moves, and a checkpoint that is not a plain phase's: each rule once.
+            await connection.execute("UPDATE workflow_runs SET status = 'completed' "
+                                     "WHERE workflow_id = 'rr-hot'")
+            await connection.execute(
+                "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+                "state, state_hash, worker_id, outcome) VALUES ('rr-hot', 'main', 2, 'p2', "
+                "'phase', 1, '{}', 'h', 'w', 'retry')")
+            assert await _rules_called(connection) == dict.fromkeys(RULES, 1)
+            with pytest.raises(asyncpg.CheckViolationError, match="never below 0"):
+                await connection.execute("UPDATE workflow_runs SET next_seq = -1 "
+                                         "WHERE workflow_id = 'rr-hot'")
+    finally:
+        await connection.close()
 
 
 async def test_the_position_follows_other_writers_and_ignores_what_it_does_not_hold(
@@ -158,5 +209,38 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
         with pytest.raises(asyncpg.CheckViolationError):
             await connection.execute("UPDATE workflow_runs SET status = 'snoozing' "
                                      "WHERE workflow_id = 'rr-m-a'")
+    finally:
+        await connection.close()
+
+
+async def test_the_rules_move_to_triggers_on_a_populated_database_twice(empty_database_url):
+    """0029 on runs and checkpoints written at v28: they stay; the CHECKs are gone and the
+    triggers enforce the same rules; the same file again changes nothing and fails nothing."""
+    await migrate(empty_database_url, target=28)
+    connection = await asyncpg.connect(empty_database_url)
+    try:
+        await connection.executemany(INSERT_RUN, [
+            ("rr-t-a", "running", 3, "internal", None, None, None, None),
+            ("rr-t-b", "waiting", 0, "regulated", "eu", 2, 5, 1.5)])
+        await connection.execute(
+            "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+            "state, state_hash, worker_id, outcome) VALUES ('rr-t-a', 'main', 2, 'p2', "
+            "'phase', 1, '{}', 'h', 'w', 'retry')")
+        report = await migrate(empty_database_url, target=29)
+        assert report.applied == ["0029_row_rules_where_they_can_break"]
+        sql = next(text for version, _, text in migration_files() if version == 29)
+        async with connection.transaction():
+            await connection.execute(sql)
+        assert await connection.fetchval(
+            "SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid IN "
+            "('workflow_runs'::regclass, 'checkpoints'::regclass)") == 0
+        assert await connection.fetchval("SELECT count(*) FROM workflow_runs") == 2
+        assert await connection.fetchval("SELECT count(*) FROM checkpoints") == 1
+        for bad in ("SET status = 'snoozing'", "SET next_seq = -1", "SET rate_limit = 0"):
+            with pytest.raises(asyncpg.CheckViolationError):
+                await connection.execute(f"UPDATE workflow_runs {bad} "
+                                         "WHERE workflow_id = 'rr-t-b'")
+        with pytest.raises(asyncpg.CheckViolationError):
+            await connection.execute("UPDATE checkpoints SET outcome = 'maybe'")
     finally:
         await connection.close()
