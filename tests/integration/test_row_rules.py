@@ -182,30 +182,37 @@ async def test_the_position_follows_other_writers_and_ignores_what_it_does_not_h
                           "WHERE workflow_id = 'rr-pos'") == 0
 
 
+async def _populated_then_migrated(url: str, before: int) -> asyncpg.Connection:
+    """Two runs and a checkpoint written at schema ``before``, then the next migration applied,
+    and its file run once more by hand: the connection, for the test to look."""
+    await migrate(url, target=before)
+    connection = await asyncpg.connect(url)
+    await connection.executemany(INSERT_RUN, [
+        ("rr-m-a", "running", 3, "internal", None, None, None, None),
+        ("rr-m-b", "waiting", 0, "regulated", "eu", 2, 5, 1.5)])
+    await connection.execute(
+        "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
+        "state, state_hash, worker_id, outcome) VALUES ('rr-m-a', 'main', 2, 'p2', 'phase', "
+        "1, '{}', 'h', 'w', 'retry')")
+    report = await migrate(url, target=before + 1)
+    assert [int(applied[:4]) for applied in report.applied] == [before + 1]
+    sql = next(text for version, _, text in migration_files() if version == before + 1)
+    async with connection.transaction():
+        await connection.execute(sql)
+    assert await connection.fetchval("SELECT count(*) FROM workflow_runs") == 2
+    assert await connection.fetchval("SELECT count(*) FROM checkpoints") == 1
+    return connection
+
+
 async def test_the_migration_on_a_populated_database_twice(empty_database_url):
     """Runs and checkpoints written at v21 stay; the old CHECKs are gone and the new ones
     enforce the same rules; the same file again changes nothing and fails nothing."""
-    await migrate(empty_database_url, target=21)
-    connection = await asyncpg.connect(empty_database_url)
+    connection = await _populated_then_migrated(empty_database_url, 21)
     try:
-        await connection.executemany(INSERT_RUN, [
-            ("rr-m-a", "running", 3, "internal", None, None, None, None),
-            ("rr-m-b", "waiting", 0, "regulated", "eu", 2, 5, 1.5)])
-        await connection.execute(
-            "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
-            "state, state_hash, worker_id, outcome) VALUES ('rr-m-a', 'main', 2, 'p2', 'phase', "
-            "1, '{}', 'h', 'w', 'retry')")
-        report = await migrate(empty_database_url, target=22)
-        assert report.applied == ["0022_cheap_row_checks"]
-        sql = next(text for version, _, text in migration_files() if version == 22)
-        async with connection.transaction():
-            await connection.execute(sql)
         checks = {r["conname"] for r in await connection.fetch(
             "SELECT conname FROM pg_constraint WHERE contype = 'c' AND conrelid IN "
             "('workflow_runs'::regclass, 'checkpoints'::regclass)")}
         assert checks == {"workflow_runs_row_valid", "checkpoints_row_valid"}
-        assert await connection.fetchval("SELECT count(*) FROM workflow_runs") == 2
-        assert await connection.fetchval("SELECT count(*) FROM checkpoints") == 1
         with pytest.raises(asyncpg.CheckViolationError):
             await connection.execute("UPDATE workflow_runs SET status = 'snoozing' "
                                      "WHERE workflow_id = 'rr-m-a'")
@@ -216,30 +223,15 @@ async def test_the_migration_on_a_populated_database_twice(empty_database_url):
 async def test_the_rules_move_to_triggers_on_a_populated_database_twice(empty_database_url):
     """0029 on runs and checkpoints written at v28: they stay; the CHECKs are gone and the
     triggers enforce the same rules; the same file again changes nothing and fails nothing."""
-    await migrate(empty_database_url, target=28)
-    connection = await asyncpg.connect(empty_database_url)
+    connection = await _populated_then_migrated(empty_database_url, 28)
     try:
-        await connection.executemany(INSERT_RUN, [
-            ("rr-t-a", "running", 3, "internal", None, None, None, None),
-            ("rr-t-b", "waiting", 0, "regulated", "eu", 2, 5, 1.5)])
-        await connection.execute(
-            "INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, "
-            "state, state_hash, worker_id, outcome) VALUES ('rr-t-a', 'main', 2, 'p2', "
-            "'phase', 1, '{}', 'h', 'w', 'retry')")
-        report = await migrate(empty_database_url, target=29)
-        assert report.applied == ["0029_row_rules_where_they_can_break"]
-        sql = next(text for version, _, text in migration_files() if version == 29)
-        async with connection.transaction():
-            await connection.execute(sql)
         assert await connection.fetchval(
             "SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid IN "
             "('workflow_runs'::regclass, 'checkpoints'::regclass)") == 0
-        assert await connection.fetchval("SELECT count(*) FROM workflow_runs") == 2
-        assert await connection.fetchval("SELECT count(*) FROM checkpoints") == 1
         for bad in ("SET status = 'snoozing'", "SET next_seq = -1", "SET rate_limit = 0"):
             with pytest.raises(asyncpg.CheckViolationError):
                 await connection.execute(f"UPDATE workflow_runs {bad} "
-                                         "WHERE workflow_id = 'rr-t-b'")
+                                         "WHERE workflow_id = 'rr-m-b'")
         with pytest.raises(asyncpg.CheckViolationError):
             await connection.execute("UPDATE checkpoints SET outcome = 'maybe'")
     finally:
