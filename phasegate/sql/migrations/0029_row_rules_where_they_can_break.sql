@@ -5,9 +5,9 @@
 -- CHECK of a table on every insert and update, whatever columns the statement writes, so
 -- each commit called both functions although it writes none of the columns they test but
 -- next_seq, which it moves from the value its own condition read to that value plus one. The
--- two calls were about a sixth of a continued hop's run-row update and a tenth of its
--- checkpoint insert (`psql -f bench/commit_parts.sql`; `python -m bench.statement_costs
--- --only schemas` compares v28 with this schema).
+-- two calls were about 15 % of a continued hop's run-row update and 7 % of its checkpoint
+-- insert inside the server; `python -m bench.statement_costs --only rows` compares v28 with
+-- this schema statement by statement (docs/benchmarks.md).
 --
 -- The same rules, through the same functions with the same messages (a check_violation that
 -- names the rule and never echoes the row), now run from AFTER ROW triggers that fire only
