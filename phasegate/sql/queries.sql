@@ -209,20 +209,22 @@ SELECT * FROM phasegate_extend_chains($1::text[], $2, $3) AS held(workflow_id);
 SELECT phasegate_end_chain($1, $2, $3, $4, $5, $6, $7, $8) AS outbox_id;
 
 -- name: chain_of
--- The chain lease on a run's position at next_seq $2 (0020), and what its message is made
--- of, should it have to be rebuilt; no row: no chain.
-SELECT p.workflow_id, p.workflow, p.next_seq, p.current_phase, p.chain_traceparent,
+-- The chain lease on the position of a run at next_seq $2 (0020), and what its message is
+-- made of, should it have to be rebuilt; no row: no chain. Where the chain is comes from the
+-- run row: a live chain's position may be a heartbeat behind it (0030).
+SELECT p.workflow_id, p.workflow, r.next_seq, r.current_phase, p.chain_traceparent,
        r.region, p.chain_until > now() AS live
   FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
- WHERE p.workflow_id = $1 AND p.next_seq = $2 AND p.chain_holder IS NOT NULL;
+ WHERE p.workflow_id = $1 AND r.next_seq = $2 AND r.status = 'running'
+   AND p.chain_holder IS NOT NULL;
 
 -- name: expired_chains
 -- Relay: the chains whose lease ran out (their worker died mid-chain). run_positions holds
 -- the runs that have not ended and is scanned whole, as for requeue_stalled.
-SELECT p.workflow_id, p.workflow, p.next_seq, p.current_phase, p.chain_traceparent,
+SELECT p.workflow_id, p.workflow, r.next_seq, r.current_phase, p.chain_traceparent,
        r.region, false AS live
   FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
- WHERE p.chain_until <= now() AND p.chain_holder IS NOT NULL
+ WHERE p.chain_until <= now() AND p.chain_holder IS NOT NULL AND r.status = 'running'
  ORDER BY p.chain_until
  LIMIT $1;
 

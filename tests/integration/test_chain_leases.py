@@ -1,5 +1,6 @@
 """Chain leases (migration 0020) against real PostgreSQL and a real SQS server: a continued
-hop writes no outbox row; its run's position holds the lease; a chain ends in order through
+hop writes no outbox row; its run's position holds the lease (and, since 0030, is brought up
+to the run row by the heartbeat while the lease lives); a chain ends in order through
 its holder, or is rescued once its lease has run out, exactly once; any other writer that
 moves the run ends it; the roles may do what their process needs and no more."""
 
@@ -7,9 +8,13 @@ from __future__ import annotations
 
 import json
 
+import asyncpg
+
 from phasegate import chains
 from phasegate.envelope import Envelope, canonical_json, phase_message, start_message, state_hash
+from phasegate.migrate import migrate
 from phasegate.orchestrator.relay import Relay
+from phasegate.sql import migration_files, queries
 from phasegate.store import Lease, PhaseCommit, Store
 from tests.helpers import fetch, fetchval, queue_for, store_for
 from tests.integration.test_access import denied, store_as
@@ -53,7 +58,8 @@ async def test_a_continued_hop_writes_no_row_and_its_holder_ends_the_chain_once(
     async with store_for(database_url) as store:
         await chained(store, "cl-own")
         assert await fetchval(database_url, "SELECT count(*) FROM outbox WHERE seq > 0") == 0
-        assert await position(database_url, "cl-own") == (2, "w-1", TRACEPARENT)
+        # The second hop held a live lease and left the position to the heartbeat (0030).
+        assert await position(database_url, "cl-own") == (1, "w-1", TRACEPARENT)
         successor = phase_message("cl-own", "wf", 2, "p2")
         body = successor.to_json()
         # Another worker, or the wrong seq, ends nothing.
@@ -69,6 +75,86 @@ async def test_a_continued_hop_writes_no_row_and_its_holder_ends_the_chain_once(
         assert not row.leased and row.sent_at is None and row.dedup_id == successor.dedup_id
         # No chain any more: nothing to extend.
         assert await store.extend_chains(["cl-own"], Lease("w-1", 600.0)) == set()
+
+
+async def test_a_chain_holding_its_lease_leaves_its_position_to_the_heartbeat(database_url):
+    """0030: the first hop of a chain writes the position with the lease; the hops after it,
+    while the lease is live, write only the run row and the checkpoint. The holder's heartbeat
+    brings the position up to the run row, its updated_at the last checkpoint's time."""
+    async with store_for(database_url) as store:
+        await chained(store, "cl-hb", hops=3)
+        assert await position(database_url, "cl-hb") == (1, "w-1", TRACEPARENT)
+        # Nothing reads the lagging position as a stall.
+        stalls = await store.pool.fetch(queries("control.sql")["stalls"], 60.0, 10)
+        assert stalls == []
+        assert await store.extend_chains(["cl-hb"], Lease("w-1", 600.0)) == {"cl-hb"}
+        assert await position(database_url, "cl-hb") == (3, "w-1", TRACEPARENT)
+        moved = await fetchval(database_url, "SELECT created_at FROM checkpoints "
+                               "WHERE workflow_id = 'cl-hb' AND seq = 2")
+        phase, updated_at = (await fetch(database_url, "SELECT current_phase, updated_at "
+                                         "FROM run_positions WHERE workflow_id = 'cl-hb'"))[0]
+        assert (phase, updated_at) == ("p3", moved)
+        # A heartbeat with nothing new moves nothing but the lease.
+        assert await store.extend_chains(["cl-hb"], Lease("w-1", 600.0)) == {"cl-hb"}
+        assert await fetchval(database_url, "SELECT updated_at FROM run_positions "
+                              "WHERE workflow_id = 'cl-hb'") == moved
+
+
+async def test_a_hop_whose_lease_runs_low_writes_the_position(database_url):
+    """A chain whose heartbeat did not come (less than half a lease left): its next hop writes
+    the position and the lease again, as every hop did before 0030."""
+    async with store_for(database_url) as store:
+        await chained(store, "cl-low", hops=2)
+        assert await position(database_url, "cl-low") == (1, "w-1", TRACEPARENT)
+        await fetch(database_url, "UPDATE run_positions SET chain_until = now() + "
+                    "interval '100 s' WHERE workflow_id = 'cl-low'")
+        result = await store.commit_phase(continued("cl-low", 2), lease=Lease("w-1", 600.0))
+        assert result is not None and result[1] is None
+        assert await position(database_url, "cl-low") == (3, "w-1", TRACEPARENT)
+        assert await fetchval(database_url, "SELECT chain_until > now() + interval '590 s' "
+                              "FROM run_positions WHERE workflow_id = 'cl-low'")
+
+
+async def test_a_writer_that_keeps_the_seq_keeps_a_lagging_chain(database_url):
+    """The position trigger ends a chain only when the run row leaves the chain's seq, read
+    from the run row: a position a heartbeat behind is no reason (0030)."""
+    async with store_for(database_url) as store:
+        await chained(store, "cl-tier", hops=3)
+        await fetch(database_url, "UPDATE workflow_runs SET tier = 4, updated_at = now() "
+                    "WHERE workflow_id = 'cl-tier'")
+        assert await position(database_url, "cl-tier") == (3, "w-1", TRACEPARENT)
+
+
+async def test_a_chain_leased_before_0030_goes_on_after_it(empty_database_url):
+    """A chain whose hops all wrote the position (v29) when the migration comes: its next hop
+    leaves the position, the heartbeat catches it up, a rescue sends the run row's seq; the
+    migration's file run once more changes nothing."""
+    url = empty_database_url
+    await migrate(url, target=29)
+    async with store_for(url) as store:
+        await chained(store, "cl-v29", hops=2)
+    assert await position(url, "cl-v29") == (2, "w-1", TRACEPARENT)
+    report = await migrate(url, target=30)
+    assert [int(applied[:4]) for applied in report.applied] == [30]
+    sql = next(text for version, _, text in migration_files() if version == 30)
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+    async with store_for(url) as store:
+        result = await store.commit_phase(continued("cl-v29", 2), lease=Lease("w-1", 600.0))
+        assert result is not None and result[1] is None
+        assert await position(url, "cl-v29") == (2, "w-1", TRACEPARENT)
+        assert await store.extend_chains(["cl-v29"], Lease("w-1", 600.0)) == {"cl-v29"}
+        assert await position(url, "cl-v29") == (3, "w-1", TRACEPARENT)
+        result = await store.commit_phase(continued("cl-v29", 3), lease=Lease("w-1", 600.0))
+        assert result is not None
+        await expire(url, "cl-v29")
+        [dead] = await store.expired_chains(10)
+        row = await chains.rescue(store, dead)
+        assert row is not None and Envelope.model_validate_json(row.body).seq == 4
+        assert await position(url, "cl-v29") == (4, None, None)
 
 
 async def test_a_retry_leaves_its_row_leased_to_the_holder_until_the_backoff_ends(database_url):

@@ -290,11 +290,12 @@ async def test_cancel_during_a_chain_stops_it_at_the_next_commit(settings):
 
 
 async def _chain(settings: Settings) -> tuple[int, bool | None]:
-    """The run's position: its next seq, and whether a chain lease holds it and is live
-    (None: no chain)."""
+    """The run's next seq (its run row's: a live chain's position may be a heartbeat behind,
+    migration 0030), and whether a chain lease holds it and is live (None: no chain)."""
     row = (await fetch(settings.database_url,
-                       "SELECT next_seq, CASE WHEN chain_holder IS NOT NULL "
-                       "THEN chain_until > now() END AS live FROM run_positions"))[0]
+                       "SELECT r.next_seq, CASE WHEN p.chain_holder IS NOT NULL "
+                       "THEN p.chain_until > now() END AS live "
+                       "FROM run_positions p JOIN workflow_runs r USING (workflow_id)"))[0]
     return row["next_seq"], row["live"]
 
 

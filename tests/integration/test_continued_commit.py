@@ -1,6 +1,7 @@
 """A continued hop's own commit statement (migration 0021, ``continue_phase``) against real
 PostgreSQL: it writes what the general commit writes for a continued hop (run row, position
-and chain lease, checkpoint; the run row's updated_at left to the position), loses its row the
+and chain lease, checkpoint; the run row's updated_at left to the position; since 0030 the
+position of a chain holding its lease left to the heartbeat), loses its row the
 same way (stale, duplicate, cancelled), and only the worker role may call it."""
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ async def written(database_url: str, workflow_id: str,
             [tuple(c) for c in checkpoints], rows)
 
 
+async def after_heartbeat(database_url: str, lease: Lease,
+                          *workflow_ids: str) -> list[tuple[Any, ...]]:
+    """Each run's rows (``written``) once the lease holder's heartbeat has run: the positions
+    brought up to their run rows. The lease's length is left out (the heartbeat restarts it)
+    and checked to be at least the lease."""
+    async with store_for(database_url) as store:
+        assert await store.extend_chains(list(workflow_ids), lease) == set(workflow_ids)
+    rows = []
+    for workflow_id in workflow_ids:
+        run, position, checkpoints, outbox = await written(database_url, workflow_id)
+        assert position is not None and position[-1] >= lease.seconds
+        rows.append((run, position[:-1], checkpoints, outbox))
+    return rows
+
+
 @pytest.mark.parametrize("fields", [
     {},
     {"tier": 2, "tier_label": "gold", "resource_versions_json": '{"doc": "v7"}',
@@ -90,10 +106,16 @@ async def test_a_continued_hop_writes_what_the_general_commit_writes(database_ur
             assert general is not None and general["committed_at"] is not None
     lean_rows, general_rows = (await written(database_url, "cc-lean"),
                                await written(database_url, "cc-general"))
+    # The second hop held a live lease, so it left the position where the first put it
+    # (0030); everything else is the same.
+    assert lean_rows[0] == general_rows[0] and lean_rows[2:] == general_rows[2:]
+    assert lean_rows[1] == (*general_rows[1][:1], 1, "p1", *general_rows[1][3:])
+    lean_rows, general_rows = await after_heartbeat(database_url, lease, "cc-lean",
+                                                    "cc-general")
     assert lean_rows == general_rows
     run, position, checkpoints, outbox = lean_rows
     assert run[:3] == ("running", 2, "p2")
-    assert position is not None and position[5:] == ("w-1", TRACEPARENT, 600)
+    assert position is not None and position[5:] == ("w-1", TRACEPARENT)
     assert [c[1] for c in checkpoints] == [0, 1] and outbox == []
 
 
@@ -123,10 +145,17 @@ async def test_hops_committed_together_write_what_the_general_commit_writes(data
         group = store.group_commit
         assert group is not None and (group.statements, group.alone_batches) == (2, 2)
     grouped = [await written(database_url, w) for w in ("cc-g-1", "cc-g-2")]
-    assert grouped[0] == grouped[1] == await written(database_url, "cc-g-general")
+    general_rows = await written(database_url, "cc-g-general")
+    # As a hop alone: the second hops left the positions to the heartbeat (0030).
+    assert grouped[0] == grouped[1]
+    assert grouped[0][0] == general_rows[0] and grouped[0][2:] == general_rows[2:]
+    assert grouped[0][1] == (*general_rows[1][:1], 1, "p1", *general_rows[1][3:])
+    *grouped, general_rows = await after_heartbeat(database_url, lease, "cc-g-1", "cc-g-2",
+                                                   "cc-g-general")
+    assert grouped[0] == grouped[1] == general_rows
     run, position, checkpoints, outbox = grouped[0]
     assert run[:3] == ("running", 2, "p2")
-    assert position is not None and position[5:] == ("w-1", TRACEPARENT, 600)
+    assert position is not None and position[5:] == ("w-1", TRACEPARENT)
     assert [c[1] for c in checkpoints] == [0, 1] and outbox == []
 
 
