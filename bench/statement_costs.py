@@ -1,7 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|commits|schemas|loads|rows]
+                                    [--only batches|commits|schemas|loads|rows|chains]
 
 Several measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -39,13 +39,12 @@ Several measurements on a private cluster (bench/common.py), each against its ow
 - **rules**: both commit functions' continued hops on a database at schema v21 and on one at
   the newest, in interleaved rounds: what migration 0022 (the row rules as functions, which
   PostgreSQL no longer re-reads from text in every statement) saves each commit.
-- **checks**: the commit function's continued hops on five databases: one as migrated, one
-  whose ``workflow_runs`` and ``checkpoints`` lost their CHECK constraints, one whose written
-  tables have their row triggers disabled (the position and slot triggers' WHEN clauses), one
-  with every trigger disabled (the foreign keys' referential triggers too: 11 tables
-  reference ``workflow_runs``), and one with neither CHECKs nor triggers, in interleaved
-  rounds (the run rows back at seq 0 and the checkpoints deleted and vacuumed between
-  rounds): what the constraints and triggers cost each commit.
+- **checks**: the commit function's continued hops on three databases: one as migrated, one
+  whose written tables have their row triggers disabled (the position, slot and row-rule
+  triggers' WHEN clauses; since 0029 the rules are triggers, no table has a CHECK left), and
+  one with every trigger disabled (the foreign keys' referential triggers too: 11 tables
+  reference ``workflow_runs``), in interleaved rounds (the run rows back at seq 0 and the
+  checkpoints deleted and vacuumed between rounds): what the triggers cost each commit.
 - **schemas** (``--only schemas``, run alone): a continued hop on databases at schemas v24,
   v25 and the newest, in interleaved rounds: inside the server, and as a worker sends it,
   alone and four per statement, with the WAL each writes: what migrations 0025 (the
@@ -60,6 +59,10 @@ Several measurements on a private cluster (bench/common.py), each against its ow
   ``status``), and four continued hops per statement through ``continue_phases`` and as rows of
   ``commit_phases``; wall, client CPU, server CPU and WAL per hop: what migration 0029 (the
   row rules checked only by a write that can break them) saves each commit.
+- **chains** (``--only chains``, run alone): a chain's continued hops on databases at schema
+  v29 and the newest, inside the server, alone and four per statement as a worker sends them,
+  every run's first hop taking the lease and the rest holding it: what migration 0030 (a hop
+  that holds its lease leaves the position to the heartbeat) saves each hop.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -102,14 +105,6 @@ CONTINUE_HOP = "phasegate_continue_phase, a continued hop (migration 0021)"
 # transaction did).
 CHECKPOINT_ALONE = "checkpoint INSERT alone (no run row, no position)"
 LOAD = "phasegate_load_for_phase, the check before a phase (a running run)"
-DROP_CHECKS = """
-DO $$ DECLARE c record; BEGIN
-    FOR c IN SELECT conrelid::regclass AS rel, conname FROM pg_constraint
-              WHERE contype = 'c' AND conrelid IN ('workflow_runs'::regclass,
-                                                   'checkpoints'::regclass) LOOP
-        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', c.rel, c.conname);
-    END LOOP;
-END $$"""
 # Superuser only (a private cluster's): ALL takes the foreign keys' internal triggers too.
 NO_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER ALL"
                for table in ("workflow_runs", "run_positions", "checkpoints")]
@@ -117,10 +112,8 @@ NO_ROW_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER USER"
                    for table in ("workflow_runs", "run_positions", "checkpoints")]
 CHECK_VARIANTS = {
     "as migrated": [],
-    "without CHECK constraints": [DROP_CHECKS],
     "without the row triggers (foreign keys kept)": NO_ROW_TRIGGERS,
     "without triggers (row triggers and foreign keys)": NO_TRIGGERS,
-    "without either": [DROP_CHECKS, *NO_TRIGGERS],
 }
 BACK_TO_SEQ_0 = ("DELETE FROM checkpoints; DELETE FROM outbox; "
                  "UPDATE workflow_runs SET next_seq = 0, updated_at = now(); "
@@ -484,30 +477,53 @@ ROWS_INSIDE = {CONTINUE_HOP: SERVER_STATEMENTS[CONTINUE_HOP],
                COMMIT_HOP: SERVER_STATEMENTS[COMMIT_HOP]}
 
 
-async def rows(server_dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
-    """The commit statements on databases at schema v28 and the newest, in interleaved rounds:
-    inside the server (wall, the WAL flush off: the steadier figure) and as a worker sends them
-    (wall, client CPU, server CPU, WAL per hop): what migration 0029 (the row rules checked
-    only by a write that can break them) saves each commit."""
-    databases = await _at_schemas(server_dsn, ROWS_BEFORE)
+async def _against(server_dsn: str, phases: int, rounds: int, before: int,
+                   inside: dict[str, str], calls: tuple[str, ...],
+                   batches: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
+    """Statements on databases at schema ``before`` and the newest, in interleaved rounds:
+    ``inside`` run in the server (wall, the WAL flush off: the steadier figure), ``calls`` and
+    ``batches`` as a worker sends them (wall, client CPU, server CPU, WAL per hop)."""
+    databases = await _at_schemas(server_dsn, before)
     found: dict[str, list[dict[str, float]]] = {}
     for _ in range(rounds):
-        for label, body in ROWS_INSIDE.items():
+        for label, body in inside.items():
             for schema, dsn in databases.items():
                 await _from_seq_0(dsn)
                 found.setdefault(f"{label}, inside the server, schema {schema}", []).append(
                     {"wall_us": await _hops(dsn, body, phases)})
-        for label in (*ROWS_CALLS, *ROWS_BATCHES):
+        for label in (*calls, *batches):
             for schema, dsn in databases.items():
-                batch = BATCH if label in ROWS_BATCHES else 1
+                batch = BATCH if label in batches else 1
                 found.setdefault(f"{label}, schema {schema}", []).append(
                     await _calls(dsn, label, phases, batch=batch))
     return found
 
 
+async def rows(server_dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The commit statements at schema v28 and the newest: what migration 0029 (the row rules
+    checked only by a write that can break them) saves each commit."""
+    return await _against(server_dsn, phases, rounds, ROWS_BEFORE, ROWS_INSIDE, ROWS_CALLS,
+                          ROWS_BATCHES)
+
+
+# The schema before migration 0030 (every continued hop wrote its run's position).
+CHAINS_BEFORE = 29
+
+
+async def chains(server_dsn: str, phases: int,
+                 rounds: int) -> dict[str, list[dict[str, float]]]:
+    """A chain's continued hops at schema v29 and the newest, alone and four per statement:
+    each run's first hop takes the lease, the others hold it (``phases`` hops a run), so this
+    is a chain's steady state: what migration 0030 (the position left to the heartbeat while
+    the lease lives) saves each hop."""
+    return await _against(server_dsn, phases, rounds, CHAINS_BEFORE,
+                          {CONTINUE_HOP: SERVER_STATEMENTS[CONTINUE_HOP]}, (CONTINUE_HOP,),
+                          (CONTINUE_BATCH,))
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
-    """The commit function's continued hop with and without the CHECK constraints, and with
-    and without the triggers of the tables it writes (the foreign keys' among them)."""
+    """The commit function's continued hop with and without the triggers of the tables it
+    writes (the foreign keys' among them)."""
     databases = {}
     for label, changes in CHECK_VARIANTS.items():
         dsn = await fresh_database(server_dsn)
@@ -553,8 +569,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.only is not None:
             section = {"batches": batches, "commits": commits}.get(args.only)
-            by_schema = {"schemas": schemas, "loads": loads, "rows": rows}.get(args.only,
-                                                                               schemas)
+            by_schema = {"schemas": schemas, "loads": loads, "rows": rows,
+                         "chains": chains}.get(args.only, schemas)
             found = (await section(await _with_setup(cluster.dsn), args.phases,
                                    args.check_rounds) if section is not None
                      else await by_schema(cluster.dsn, args.phases, args.check_rounds))
@@ -637,6 +653,8 @@ def markdown(report: dict[str, Any]) -> str:
         return "\n".join([*lines, "", f"floor wall: {floor:.0f} µs"])
     if "rows" in report:
         return _paired(report["rows_rounds"], f"v{ROWS_BEFORE}")
+    if "chains" in report:
+        return _paired(report["chains_rounds"], f"v{CHAINS_BEFORE}")
     for section, what in (("schemas", CONTINUE_HOP), ("loads", LOAD)):
         if section not in report:
             continue
@@ -682,7 +700,8 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads", "rows"],
+    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads", "rows",
+                                           "chains"],
                         default=None,
                         help="run one section alone")
     args = parser.parse_args()

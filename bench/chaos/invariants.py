@@ -17,6 +17,8 @@ I9 every run that has not ended has its position (run_positions, migration 0017)
    run row, and no other run has one: the stall report and the relay see the runs as they are.
    updated_at is the position's own during a local chain (migration 0021: a continued hop
    moves only the position's), so there the position's is never older than the run row's.
+   A chain that holds a live lease may have its position behind its run row until its
+   worker's next heartbeat (migration 0030), and only such a chain.
 
 I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """
@@ -227,15 +229,19 @@ def i7_drained(drain_s: float | None, bound_s: float) -> Result:
                   f"{shown} after the last fault (bound {bound_s:.0f}s)")
 
 
-# Runs whose position differs from their run row, lacks, or should not exist (ended runs).
+# Runs whose position differs from their run row (other than a live chain's, a heartbeat
+# behind), lacks, or should not exist (ended runs).
 STRAY_POSITIONS = """
 SELECT coalesce(r.workflow_id, p.workflow_id) AS workflow_id
   FROM (SELECT * FROM workflow_runs
          WHERE status NOT IN ('completed', 'failed', 'cancelled')) r
   FULL JOIN run_positions p USING (workflow_id)
- WHERE (r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label)
-       IS DISTINCT FROM
-       (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label)
+ WHERE ((r.workflow, r.status, r.next_seq, r.current_phase, r.tier, r.tier_label)
+        IS DISTINCT FROM
+        (p.workflow, p.status, p.next_seq, p.current_phase, p.tier, p.tier_label)
+        AND NOT (p.chain_holder IS NOT NULL AND p.chain_until > now()
+                 AND r.status = 'running' AND p.status = 'running'
+                 AND p.next_seq < r.next_seq))
     OR NOT coalesce(p.updated_at >= r.updated_at, false)
 """
 
