@@ -1,7 +1,7 @@
 """Where Postgres' time and WAL go per transition, statement by statement.
 
     python -m bench.server_statements [--groups 1] [--phases 1500] [--continuation off|on]
-                                      [--top 15] [--localstack-endpoint URL]
+                                      [--top 15] [--nested] [--localstack-endpoint URL]
 
 The phasegate side of ``bench/transitions.py`` (in-process FIFO, or with
 ``--localstack-endpoint`` a running LocalStack) and its floor, each on a
@@ -9,7 +9,10 @@ fresh database of one private cluster started with ``pg_stat_statements``; the s
 reset after a warm-up run and read after the measured one. For every top-level statement the
 runs sent: calls, execution time and WAL bytes per transition (``pg_stat_statements``: the
 time is the server's execution of the statement, its commit's flush wait not included; a
-function's inner statements count in its call). The end-to-end figures of
+function's inner statements count in its call; with ``--nested`` they are also listed on
+their own, so a function's time minus its statements' is what the call itself costs: its
+executor start-up, plan cache checks and PL/pgSQL work, which pg_stat_statements does not time
+inside a statement). The end-to-end figures of
 ``bench/transitions.py`` say how far from the floor a transition is; this says which
 statement the difference is spent in.
 
@@ -37,7 +40,7 @@ from bench.common import (
     write_results,
 )
 
-PRELOAD = ("-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top "
+PRELOAD = ("-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track={track} "
            "-c pg_stat_statements.track_planning=on")
 READ = """
 SELECT query, calls, total_exec_time, total_plan_time, plans, wal_bytes::float8, rows
@@ -47,9 +50,12 @@ SELECT query, calls, total_exec_time, total_plan_time, plans, wal_bytes::float8,
 
 
 class StatementsCluster(PrivateCluster):
-    """A private cluster whose server tracks its top-level statements."""
+    """A private cluster whose server tracks its top-level statements (``nested``: and the
+    statements functions run)."""
 
-    options = PRELOAD
+    def __init__(self, nested: bool = False) -> None:
+        super().__init__()
+        self.options = PRELOAD.format(track="all" if nested else "top")
 
 
 def _label(query: str) -> str:
@@ -75,12 +81,17 @@ async def _measured(databases: Databases, run: Any, name: str) -> tuple[list[dic
     return [dict(row) for row in rows], figures
 
 
+FIGURES = ("calls", "plans", "exec_us", "wal_bytes")
+
+
 def _table(rows: list[dict[str, Any]], transitions: int, top: int) -> list[dict[str, Any]]:
     merged: dict[str, dict[str, float]] = {}
     for row in rows:
         entry = merged.setdefault(_label(row["query"]),
-                                  {"calls": 0.0, "exec_us": 0.0, "wal_bytes": 0.0})
+                                  {"calls": 0.0, "plans": 0.0, "exec_us": 0.0,
+                                   "wal_bytes": 0.0})
         entry["calls"] += row["calls"]
+        entry["plans"] += row["plans"]
         entry["exec_us"] += row["total_exec_time"] * 1000
         entry["wal_bytes"] += row["wal_bytes"]
     ranked = sorted(merged.items(), key=lambda item: -item[1]["exec_us"])
@@ -89,16 +100,18 @@ def _table(rows: list[dict[str, Any]], transitions: int, top: int) -> list[dict[
     shown, rest = table[:top], table[top:]
     if rest:
         shown.append({"statement": f"({len(rest)} more)",
-                      **{k: sum(r[k] for r in rest) for k in ("calls", "exec_us", "wal_bytes")}})
+                      **{k: sum(r[k] for r in rest) for k in FIGURES}})
     shown.append({"statement": "all statements",
-                  **{k: sum(r[k] for r in table) for k in ("calls", "exec_us", "wal_bytes")}})
+                  **{k: sum(r[k] for r in table) for k in FIGURES}})
     return shown
 
 
 def markdown(title: str, table: list[dict[str, Any]]) -> str:
-    lines = [f"| {title}, per transition | calls | execution (µs) | WAL (bytes) |",
-             "|---|---:|---:|---:|"]
-    lines += [f"| {r['statement']} | {r['calls']:.2f} | {r['exec_us']:.0f} | "
+    # plans: how often the statement was planned; far fewer than calls for a function's
+    # statements means their cached generic plan is used.
+    lines = [f"| {title}, per transition | calls | plans | execution (µs) | WAL (bytes) |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['statement']} | {r['calls']:.2f} | {r['plans']:.2f} | {r['exec_us']:.0f} | "
               f"{r['wal_bytes']:.0f} |" for r in table]
     return "\n".join(lines)
 
@@ -108,7 +121,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     _quiet_logs()
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
-    cluster = StatementsCluster().start()
+    cluster = StatementsCluster(nested=args.nested).start()
     databases = await Databases(cluster.dsn, history=args.history).start()
     try:
         # No rehearsal (bench/transitions.py): the statistics are reset after the warm-up
@@ -121,7 +134,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                   "backend": backend,
                                   "groups": args.groups, "phases": args.phases,
                                   "continuation": args.continuation,
-                                  "history_runs": args.history}
+                                  "history_runs": args.history, "nested": args.nested}
         for name, run in (("floor", lambda dsn: run_floor(dsn, workload, env)),
                           ("phasegate", lambda dsn: run_phasegate(dsn, workload, env))):
             rows, figures = await _measured(databases, run, name)
@@ -139,6 +152,9 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=1500)
     parser.add_argument("--continuation", choices=("on", "off"), default="off")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--nested", action="store_true",
+                        help="also list the statements functions run (pg_stat_statements.track"
+                        "=all); a function's figure still includes them")
     parser.add_argument("--localstack-endpoint", default=None, metavar="URL",
                         help="run both over a running LocalStack (localstack/run-without-docker"
                         ".sh) instead of the in-process FIFO")
@@ -147,7 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     report = asyncio.run(bench(args))
     path = write_results("server-statements", report,
-                         f"{report['backend']}-{args.groups}g-{args.continuation}-h{args.history}")
+                         f"{report['backend']}-{args.groups}g-{args.continuation}-h{args.history}"
+                         + ("-nested" if args.nested else ""))
     for name in ("floor", "phasegate"):
         print(markdown(f"{name} ({args.groups} groups, continuation {args.continuation})",
                        report[name]["statements"]))
