@@ -149,17 +149,25 @@ BEGIN
     flag := set_config('phasegate.own_position', 'off', true);
 END $fn$;
 
--- When a run last moved on its main branch: its last phase checkpoint's time (a chain's
--- hops write no other trace of it), or NULL before its first. One probe of
+-- A lagging position's updated_at once brought up to its run row at p_run_seq: when the run
+-- last moved on its main branch, i.e. its last phase checkpoint's time (a chain's hops leave
+-- no other trace of it; now() before the first), never earlier than p_updated_at. A position
+-- not behind (p_position_seq = p_run_seq) keeps p_updated_at. One probe of
 -- checkpoints_phase_key.
-CREATE OR REPLACE FUNCTION phasegate_moved_at(p_workflow_id text, p_next_seq integer)
+CREATE OR REPLACE FUNCTION phasegate_caught_up_at(p_updated_at timestamptz,
+                                                  p_workflow_id text, p_position_seq integer,
+                                                  p_run_seq integer)
 RETURNS timestamptz
 LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $fn$
-    SELECT c.created_at FROM public.checkpoints c
-     WHERE c.workflow_id = p_workflow_id AND c.branch = 'main' AND c.seq = p_next_seq - 1
-       AND c.kind = 'phase';
+    SELECT CASE WHEN p_run_seq > p_position_seq
+                THEN greatest(p_updated_at,
+                              coalesce((SELECT c.created_at FROM public.checkpoints c
+                                         WHERE c.workflow_id = p_workflow_id
+                                           AND c.branch = 'main' AND c.seq = p_run_seq - 1
+                                           AND c.kind = 'phase'), now()))
+                ELSE p_updated_at END;
 $fn$;
-REVOKE ALL ON FUNCTION phasegate_moved_at(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION phasegate_caught_up_at(timestamptz, text, integer, integer) FROM PUBLIC;
 
 -- The heartbeat (0020): the leases a worker holds live p_lease_s more, and each position is
 -- brought up to its run row. Never backwards: a position a hop wrote after this statement's
@@ -176,11 +184,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $
            tier = CASE WHEN r.next_seq > p.next_seq THEN r.tier ELSE p.tier END,
            tier_label = CASE WHEN r.next_seq > p.next_seq THEN r.tier_label
                              ELSE p.tier_label END,
-           updated_at = CASE WHEN r.next_seq > p.next_seq
-                             THEN greatest(p.updated_at,
-                                           coalesce(phasegate_moved_at(r.workflow_id,
-                                                                       r.next_seq), now()))
-                             ELSE p.updated_at END
+           updated_at = phasegate_caught_up_at(p.updated_at, r.workflow_id, p.next_seq,
+                                               r.next_seq)
       FROM workflow_runs r
      WHERE p.workflow_id = ANY (p_workflow_ids) AND p.chain_holder = p_holder
        AND r.workflow_id = p.workflow_id
@@ -200,11 +205,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $
            SET chain_holder = NULL, chain_until = NULL, chain_traceparent = NULL,
                next_seq = r.next_seq, current_phase = r.current_phase, tier = r.tier,
                tier_label = r.tier_label,
-               updated_at = CASE WHEN r.next_seq > p.next_seq
-                                 THEN greatest(p.updated_at,
-                                               coalesce(phasegate_moved_at(r.workflow_id,
-                                                                           r.next_seq), now()))
-                                 ELSE p.updated_at END
+               updated_at = phasegate_caught_up_at(p.updated_at, r.workflow_id, p.next_seq,
+                                                   r.next_seq)
           FROM workflow_runs r
          WHERE p.workflow_id = p_workflow_id AND r.workflow_id = p_workflow_id
            AND r.next_seq = p_seq AND r.status = 'running'
