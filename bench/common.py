@@ -199,6 +199,12 @@ class Databases:
     def private(self) -> bool:
         return isinstance(self._embedded, PrivateCluster)
 
+    def postmaster_pid(self) -> int | None:
+        """The private cluster's postmaster (the first line of its ``postmaster.pid``)."""
+        if not self.private or self._embedded is None or self._embedded.data_dir is None:
+            return None
+        return int((self._embedded.data_dir / "postmaster.pid").read_text().split()[0])
+
     async def settings(self) -> dict[str, str]:
         connection = await asyncpg.connect(self.server_dsn)
         try:
@@ -225,6 +231,43 @@ async def _reachable(dsn: str) -> bool:
         return False
     await connection.close()
     return True
+
+
+def split_cores(databases: Databases) -> dict[str, list[int]]:
+    """Postgres on a core of its own, the benchmark on the others: the shape of a deployment
+    (workers on their nodes, the database on its server) on one machine. The private
+    cluster's processes, and the backends its postmaster forks later, are kept to the last
+    CPU; this process's threads, and the processes it starts later (moto, the round-trip
+    proxy), to the rest. Returns the two CPU sets for the results."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--cores split needs two CPUs or more")
+    postmaster = databases.postmaster_pid()
+    if postmaster is None:
+        raise SystemExit("--cores split needs the private cluster (not --shared-server)")
+    server, client = {cpus[-1]}, set(cpus[:-1])
+    for pid in _process_tree(postmaster):
+        os.sched_setaffinity(pid, server)
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), client)
+    return {"server": sorted(server), "client": sorted(client)}
+
+
+def _process_tree(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, frontier = [root], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        tree.extend(children)
+        frontier = children
+    return tree
 
 
 class ServerMeter:

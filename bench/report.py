@@ -167,6 +167,10 @@ def measured_processes(summary: dict[str, Any]) -> bool:
     return bool(summary["processes"]["cold_start_s"]["phasegate"])
 
 
+def _cpus(cpus: list[int]) -> str:
+    return ", ".join(str(cpu) for cpu in cpus)
+
+
 def render(result: dict[str, Any], source: Path) -> str:
     summary = result["summary"]
     m = result["machine"]
@@ -189,7 +193,12 @@ def render(result: dict[str, Any], source: Path) -> str:
         + "a fresh database per run"
         + (f" holding {result['history_runs']:,} finished runs, analyzed (a database in use)"
            if result.get("history_runs") else "")
-        + "; moto server in its own process. "
+        + "; moto server in its own process"
+        + (f"; Postgres kept to CPU {_cpus(result['cores']['server'])} and the benchmark "
+           f"to CPU {_cpus(result['cores']['client'])} (`--cores split`: each side on a core "
+           "of its own, as a deployment runs them on separate machines)"
+           if isinstance(result.get("cores"), dict) else "")
+        + ". "
         + _load_sentence(result)
         + ": floor and phasegate runs alternate and every figure is the median of "
         f"{result['repeats']} runs each "

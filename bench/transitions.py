@@ -50,6 +50,7 @@ from bench.common import (
     median,
     moto_server,
     rss_mib,
+    split_cores,
     with_port,
 )
 from bench.floor import Floor, SqsFloorQueue, floor_message
@@ -600,11 +601,12 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 load_window_ms: float | None = None,
                 continuation: bool = True, pooler: str = "transaction",
                 rehearsal: bool = True,
-                history: int = HISTORY_RUNS) -> dict[str, Any]:
+                history: int = HISTORY_RUNS, cores: str = "shared") -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server, history=history).start()
+    split = split_cores(databases) if cores == "split" else None
     env = Env(databases, continuation=continuation, pooler=pooler, rehearsal=rehearsal)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
@@ -638,7 +640,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "concurrency": CONCURRENCY, "commit_window_ms": env.commit_window_ms,
                 "load_window_ms": env.load_window_ms,
                 "continuation": continuation, "pooler": pooler, "history_runs": history,
-                "rehearsal": rehearsal,
+                "rehearsal": rehearsal, "cores": split or "shared",
                 "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
@@ -686,6 +688,10 @@ def main() -> None:
                         help="finished runs every database starts with, analyzed (default "
                         f"{HISTORY_RUNS}; 0: empty, never-analyzed databases, as before "
                         "2026-12-03)")
+    parser.add_argument("--cores", choices=("shared", "split"), default="shared",
+                        help="shared (default): Postgres and the benchmark on every CPU; split: "
+                        "Postgres on a CPU of its own and the benchmark on the others, as a "
+                        "deployment runs them on separate machines")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -701,7 +707,7 @@ def main() -> None:
                                load_window_ms=args.load_window_ms,
                                continuation=args.continuation == "on",
                                pooler=args.pooler, history=args.history,
-                               rehearsal=args.rehearsal == "on"))
+                               rehearsal=args.rehearsal == "on", cores=args.cores))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
