@@ -1,7 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|commits|schemas|loads|rows|chains]
+                                    [--only batches|commits|schemas|loads|rows|chains|positions]
 
 Several measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -63,6 +63,9 @@ Several measurements on a private cluster (bench/common.py), each against its ow
   v29 and the newest, inside the server, alone and four per statement as a worker sends them,
   every run's first hop taking the lease and the rest holding it: what migration 0030 (a hop
   that holds its lease leaves the position to the heartbeat) saves each hop.
+- **positions** (``--only positions``, run alone): the commit statements of the rows section
+  on databases at schema v30 and the newest: what migration 0031 (the position trigger by its
+  column list, no flag set by the commits that own the position) saves each commit.
 
 Results: bench/results/statement-costs-<time>.json, and a table on stdout.
 """
@@ -521,6 +524,20 @@ async def chains(server_dsn: str, phases: int,
                           (CONTINUE_BATCH,))
 
 
+# The schema before migration 0031 (the position trigger on every update, stood down by a
+# flag the hot commits set on and off).
+POSITIONS_BEFORE = 30
+
+
+async def positions(server_dsn: str, phases: int,
+                    rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The commit statements at schema v30 and the newest: a continued hop and a plain advance
+    (which set the flag at v30 and pass the trigger by its columns since), and the general
+    commit (which names status and keeps the flag), alone and four per statement."""
+    return await _against(server_dsn, phases, rounds, POSITIONS_BEFORE, ROWS_INSIDE,
+                          ROWS_CALLS, ROWS_BATCHES)
+
+
 async def checks(server_dsn: str, phases: int, rounds: int) -> dict[str, list[float]]:
     """The commit function's continued hop with and without the triggers of the tables it
     writes (the foreign keys' among them)."""
@@ -570,7 +587,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.only is not None:
             section = {"batches": batches, "commits": commits}.get(args.only)
             by_schema = {"schemas": schemas, "loads": loads, "rows": rows,
-                         "chains": chains}.get(args.only, schemas)
+                         "chains": chains, "positions": positions}.get(args.only, schemas)
             found = (await section(await _with_setup(cluster.dsn), args.phases,
                                    args.check_rounds) if section is not None
                      else await by_schema(cluster.dsn, args.phases, args.check_rounds))
@@ -655,6 +672,8 @@ def markdown(report: dict[str, Any]) -> str:
         return _paired(report["rows_rounds"], f"v{ROWS_BEFORE}")
     if "chains" in report:
         return _paired(report["chains_rounds"], f"v{CHAINS_BEFORE}")
+    if "positions" in report:
+        return _paired(report["positions_rounds"], f"v{POSITIONS_BEFORE}")
     for section, what in (("schemas", CONTINUE_HOP), ("loads", LOAD)):
         if section not in report:
             continue
@@ -701,7 +720,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
     parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads", "rows",
-                                           "chains"],
+                                           "chains", "positions"],
                         default=None,
                         help="run one section alone")
     args = parser.parse_args()

@@ -438,8 +438,10 @@ async def test_stalls_group_old_unfinished_runs(api: Api) -> None:
         ("st-1", "chain", "running", "fetch", 120), ("st-2", "chain", "running", "fetch", 30),
         ("st-3", "chain", "pending", "fetch", 60), ("st-4", "gated", "running", "held", 90),
         ("st-5", "chain", "completed", None, 500), ("st-6", "chain", "running", "fetch", 1)])
-    await fetch(api.dsn, "UPDATE workflow_runs SET tier = 2, tier_label = 'found' "
-                "WHERE workflow_id = 'st-4'")
+    # Naming status (unchanged) moves the position the report reads, and keeps the run's age
+    # (migration 0031: the position trigger fires for status or updated_at).
+    await fetch(api.dsn, "UPDATE workflow_runs SET tier = 2, tier_label = 'found', "
+                "status = status WHERE workflow_id = 'st-4'")
     report = (await api.client.get("/v1/stalls", params={"older_than_s": 600})).json()
     groups = {(s["workflow"], s["phase"], s["status"], s["tier"]): s for s in report["stalls"]}
     assert set(groups) == {("chain", "fetch", "running", None),

@@ -85,7 +85,8 @@ def test_status_shows_runs_queue_and_fleet(cli: Any, settings: Settings) -> None
     add_run(settings, "a", "running")
     add_run(settings, "b", "running")
     add_run(settings, "c", "completed", phase=None, next_seq=3, finished_days=0.5)
-    sql(settings, "UPDATE workflow_runs SET tier = 1, tier_label = 'draft' WHERE workflow_id = 'a'")
+    sql(settings, "UPDATE workflow_runs SET tier = 1, tier_label = 'draft', status = status "
+        "WHERE workflow_id = 'a'")  # status named: the position follows (migration 0031)
     assert "workers: none live (the fleet may be scaled to zero)" in empty.stdout
     add_worker(settings, "w-1", in_flight=2, watchdog="ok")
     add_worker(settings, "w-2", in_flight=1, watchdog="pressure")

@@ -85,9 +85,10 @@ async def test_positions_follow_every_write_of_a_run(database_url):
         assert await positions() == {"p-1": ("pending", 0, "a"), "p-2": ("pending", 0, "a")}
         await connection.execute("UPDATE workflow_runs SET status = 'running', next_seq = 3, "
                                  "current_phase = 'b' WHERE workflow_id = 'p-1'")
-        # A write that touches only the tier (an operator's SQL) moves the position too.
-        await connection.execute("UPDATE workflow_runs SET tier = 2, tier_label = 'found' "
-                                 "WHERE workflow_id = 'p-1'")
+        # A write that moves only the tier and names updated_at, as every writer but the
+        # commits that own the position does (migration 0031), moves the position too.
+        await connection.execute("UPDATE workflow_runs SET tier = 2, tier_label = 'found', "
+                                 "updated_at = now() WHERE workflow_id = 'p-1'")
         assert (await positions())["p-1"] == ("running", 3, "b")
         # Ended: the position goes; resumed (a retry): it comes back.
         await connection.execute("UPDATE workflow_runs SET status = 'failed' "
@@ -105,8 +106,8 @@ async def test_positions_follow_every_write_of_a_run(database_url):
             await connection.execute("UPDATE workflow_runs SET attempts = 1, error = 'e' "
                                      "WHERE workflow_id = 'p-2'")
             assert await connection.fetchval(counted) == before
-            await connection.execute("UPDATE workflow_runs SET next_seq = 1 "
-                                     "WHERE workflow_id = 'p-2'")
+            await connection.execute("UPDATE workflow_runs SET next_seq = 1, "
+                                     "updated_at = now() WHERE workflow_id = 'p-2'")
             assert await connection.fetchval(counted) == before + 1
         await connection.execute("DELETE FROM workflow_runs WHERE workflow_id = 'p-2'")
         assert set(await positions()) == {"p-1"}
@@ -218,8 +219,9 @@ async def test_the_commit_flag_never_outlives_its_statement(database_url):
             assert committed["committed_at"] is not None
             assert await connection.fetchval(
                 "SELECT current_setting('phasegate.own_position', true)") == "off"
-            await connection.execute("UPDATE workflow_runs SET current_phase = 'elsewhere' "
-                                     "WHERE workflow_id = 'wr-2'")
+            # Naming updated_at, as every writer that does not own the position does (0031).
+            await connection.execute("UPDATE workflow_runs SET current_phase = 'elsewhere', "
+                                     "updated_at = now() WHERE workflow_id = 'wr-2'")
     finally:
         await pool.close()
     assert await fetchval(database_url, "SELECT current_phase FROM run_positions "

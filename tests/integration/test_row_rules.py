@@ -163,11 +163,13 @@ async def test_the_position_follows_other_writers_and_ignores_what_it_does_not_h
                        "WHERE workflow_id = 'rr-pos'") == before
     # An operator's write that leaves the run row's updated_at (older than the position's, as
     # after any commit since 0023) moves what it changed and never the position's time back.
+    # It names status, unchanged: the trigger fires for status or updated_at (0031).
     await fetch(database_url, "UPDATE run_positions SET updated_at = now() + interval '1 hour' "
                 "WHERE workflow_id = 'rr-pos'")
     ahead = await fetchval(database_url, "SELECT updated_at FROM run_positions "
                            "WHERE workflow_id = 'rr-pos'")
-    await fetch(database_url, "UPDATE workflow_runs SET tier = 7 WHERE workflow_id = 'rr-pos'")
+    await fetch(database_url, "UPDATE workflow_runs SET tier = 7, status = status "
+                "WHERE workflow_id = 'rr-pos'")
     assert tuple((await fetch(database_url, "SELECT tier, updated_at FROM run_positions "
                               "WHERE workflow_id = 'rr-pos'"))[0]) == (7, ahead)
     # An operator moves the run: the position follows; ends it: the position goes.
