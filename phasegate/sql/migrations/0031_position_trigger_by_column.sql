@@ -7,10 +7,10 @@
 -- workflow_runs; the commits that write the position themselves (or, for a chain that holds
 -- its lease, leave it to the heartbeat: 0030) stood it down with a transaction-local setting,
 -- phasegate.own_position, set on and off around their statement. On a continued hop that was
--- two set_config calls, the GUC stack unwound at commit, and the trigger's WHEN clause
--- rebuilt from its stored text by every statement (PostgreSQL prepares a trigger's WHEN per
--- statement): about 9 % of the hop's server CPU as a worker sends it
--- (`python -m bench.statement_costs --only positions`, docs/benchmarks.md).
+-- two set_config calls, the GUC stack unwound at commit, and the trigger's WHEN clause, which
+-- PostgreSQL rebuilds from its stored text in every statement: 8-9 % of the hop's server CPU
+-- as a worker sends it (`python -m bench.statement_costs --only positions`,
+-- docs/benchmarks.md).
 --
 -- Every writer that moves a run without writing its position names status or updated_at:
 -- the control plane, the doors, failures, halts, signals, waits, branches, the claim in
