@@ -606,7 +606,6 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server, history=history).start()
-    split = split_cores(databases) if cores == "split" else None
     env = Env(databases, continuation=continuation, pooler=pooler, rehearsal=rehearsal)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
@@ -614,6 +613,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
     if load_window_ms is not None:
         env.load_window_ms = load_window_ms
     try:
+        split = split_cores(databases) if cores == "split" else None
         with moto_server() as endpoint:
             env.moto_endpoint = endpoint
             workloads = workloads or workloads_for(quick, backends, phases)
