@@ -12,6 +12,7 @@ import asyncpg
 
 import phasegate.sql
 from tests.helpers import fetch
+from tests.integration.test_row_rules import hop_then_advance
 
 SQL_DIR = Path(phasegate.sql.__file__).parent
 # The commits that write the position themselves (or leave it to a live chain's heartbeat,
@@ -84,12 +85,7 @@ async def test_the_owning_commits_pass_the_trigger_and_set_no_flag(database_url)
         await connection.execute(INSERT_RUN, "pt-hot")
         async with connection.transaction():
             await connection.execute("SET LOCAL track_functions = 'pl'")
-            assert await connection.fetchval(
-                "SELECT phasegate_continue_phase('pt-hot', 'main', 0, 'p0', 1, '{}', 'h', 'p1', "
-                "NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 30.0, '00-t')")
-            assert await connection.fetchrow(
-                "SELECT * FROM phasegate_advance_phase('pt-hot', 'main', 1, 'p1', 1, '{}', 'h', "
-                "'p2', NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'd-1', 'g', '{}')")
+            await hop_then_advance(connection, "pt-hot")
             assert await connection.fetchval(
                 "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
                 "WHERE funcname = 'phasegate_track_position'") == 0

@@ -116,6 +116,17 @@ async def _rules_called(connection: asyncpg.Connection) -> dict[str, int]:
     return {row["funcname"]: row["calls"] for row in rows}
 
 
+async def hop_then_advance(connection: asyncpg.Connection, workflow_id: str) -> None:
+    """A running run at seq 0: a continued hop (seq 0 -> 1), then a plain advance (1 -> 2),
+    both committed (each statement returns its commit)."""
+    assert await connection.fetchval(
+        "SELECT phasegate_continue_phase($1, 'main', 0, 'p0', 1, '{}', 'h', 'p1', NULL, NULL, "
+        "NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 30.0, '00-t')", workflow_id)
+    assert await connection.fetchrow(
+        "SELECT * FROM phasegate_advance_phase($1, 'main', 1, 'p1', 1, '{}', 'h', 'p2', NULL, "
+        "NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'd-1', 'g', '{}')", workflow_id)
+
+
 async def test_a_commit_that_leaves_its_run_running_calls_no_rule(database_url):
     """0029: a continued hop and a plain advance write no column a rule tests but next_seq,
     which they move forward, so neither rule's function runs; a run's end, a checkpoint with an
@@ -125,12 +136,7 @@ async def test_a_commit_that_leaves_its_run_running_calls_no_rule(database_url):
         await connection.execute(INSERT_RUN, "rr-hot", *GOOD)
         async with connection.transaction():
             await connection.execute("SET LOCAL track_functions = 'pl'")
-            assert await connection.fetchval(
-                "SELECT phasegate_continue_phase('rr-hot', 'main', 0, 'p0', 1, '{}', 'h', 'p1', "
-                "NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'w1', 30.0, '00-t')")
-            assert await connection.fetchrow(
-                "SELECT * FROM phasegate_advance_phase('rr-hot', 'main', 1, 'p1', 1, '{}', 'h', "
-                "'p2', NULL, NULL, NULL, 'w1', NULL, NULL, NULL, NULL, NULL, 'd-1', 'g', '{}')")
+            await hop_then_advance(connection, "rr-hot")
             assert await connection.fetchval("SELECT count(*) FROM checkpoints "
                                              "WHERE workflow_id = 'rr-hot'") == 2
             assert await _rules_called(connection) == {}
