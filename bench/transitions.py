@@ -84,10 +84,11 @@ RESULTS = ROOT / "bench" / "results"
 REHEARSAL = f"{HISTORY_PREFIX}rehearsal-"
 # A worker starts outside its timed window, as the floor opens its connections outside its own
 # (since the ``s20-*`` runs): what it does once when a pod starts (probes, the store's and the
-# queues' checks, its presence row, the watchdog: ~30 ms of client CPU and ~9 ms of Postgres
-# CPU against LocalStack) is not a transition's cost. It weighed little in a run of thousands
-# of transitions, but ~0.4 ms of client CPU per transition in the 30-transition LocalStack
-# run. The clean stop (the drain with the last commit, the presence row's goodbye) stays in.
+# queues' checks, its presence row, the watchdog: 6-8 ms of client CPU after the rehearsal's
+# worker, 1-3 ms of Postgres CPU) is not a transition's cost. It weighed little in a run of
+# thousands of transitions, but ~0.25 ms of client CPU per transition (~6 %) in the
+# 30-transition LocalStack run. The clean stop (the drain with the last commit, the presence
+# row's goodbye: ~3 ms) stays in.
 STARTUP_WITHIN_S = 60.0
 DOCS = ROOT / "docs" / "benchmarks.md"
 CONCURRENCY = 16
