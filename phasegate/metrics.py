@@ -51,6 +51,10 @@ CONTINUED_HOPS = Counter(
 CHAINS_RESCUED = Counter(
     "phasegate_chains_rescued_total",
     "Local chains whose worker died mid-chain, their next message rebuilt and sent.")
+SENT_LEASES_LAPSED = Counter(
+    "phasegate_sent_leases_lapsed_total",
+    "Leased sends whose successor had not committed when the lease ran out, their message "
+    "written as an outbox row and sent again (SQS drops it if the first send went out).")
 HEARTBEATS = Counter("phasegate_heartbeat_extensions_total",
                      "Visibility extensions sent for in-flight messages.")
 READY = Gauge("phasegate_ready", "1 once Postgres and SQS answered and the loop receives.")

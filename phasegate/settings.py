@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     continuation: bool = True
     continuation_max_hops: int = Field(default=16, ge=1)
     continuation_max_s: float = Field(default=30.0, gt=0)
+    # A plain successor that goes through SQS is committed as a short lease on the run's
+    # position, not an outbox row, and sent by the worker (worker/continuation.py); off: an
+    # outbox row, as for every other message.
+    leased_send: bool = True
 
     # -- observability
     metrics_host: str = "0.0.0.0"
@@ -217,6 +221,14 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, value: str) -> str:
+        # A lease holder is the worker id, or the id with store.SENT_SUFFIX ("/sent").
+        if not value or "/" in value:
+            raise ValueError("must be non-empty and contain no '/'")
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -64,6 +64,11 @@ class OutboxRow:
     leased: bool = False
 
 
+# Marks a leased send's lease holder (worker/continuation.py): a worker id never contains a
+# '/' (settings.py), so the lease tells a sent message from a chain running in its worker.
+SENT_SUFFIX = "/sent"
+
+
 @dataclass(frozen=True)
 class ChainLease:
     """A run some worker runs locally (a chain lease on its position, migration 0020), and
@@ -76,6 +81,13 @@ class ChainLease:
     chain_traceparent: str | None
     region: str | None
     live: bool
+    holder: str | None = None
+
+    @property
+    def sent(self) -> bool:
+        """A leased send's lease (``chains.SENT_SUFFIX``): its message went out, or its
+        worker died before the send; no worker runs the phase locally."""
+        return self.holder is not None and self.holder.endswith(SENT_SUFFIX)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,16 @@ hop needs no load, and no SQS send, receive or delete. What keeps it safe:
 
 The received SQS message stays held (and heartbeated) until the chain ends, so queue-depth
 autoscalers (KEDA's in-flight count) keep seeing the work.
+
+A successor that goes through SQS after all (continuation off, a chain at its bound) uses the
+same lease, held by no chain (*a leased send*, ``PHASEGATE_LEASED_SEND``): its commit writes the
+lease instead of an outbox row, for the holder's id with ``SENT_SUFFIX``, and the worker sends
+the message itself. The lease covers only the moment between the commit and the send: it is
+never extended, and the successor's own commit replaces it. Should that commit not come before
+the lease runs out (a long phase, a queue backlog, a worker that died before its send), the
+relay writes the message as an outbox row under the same deduplication id, which SQS drops as
+a duplicate if the worker's send went out, and from then on the run is where a plain advance
+would have left it (phasegate/chains.py).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from phasegate import metrics
+from phasegate.chains import sent_holder
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.store import Lease, OutboxRow, PhaseCommit, RunPosition, Store
 from phasegate.tiers import PhaseOutcome
@@ -48,6 +59,9 @@ class ContinuationConfig:
     # How long a leased successor lives without a heartbeat (the worker's visibility timeout:
     # a dead chain comes back as fast as a dead worker's message does).
     lease_s: float = 30.0
+    # A successor sent through SQS is committed as a lease, not an outbox row (the module
+    # docstring); with continuation on or off.
+    leased_send: bool = False
 
 
 class Pending(NamedTuple):
@@ -77,23 +91,42 @@ def can_continue(config: ContinuationConfig, chain: Chain, *, workflow: Workflow
     term, so a further one slots in."""
     return (config.enabled
             and not stopping
-            # The main chain of a plain run: branches, forks and merges have their own
-            # bookkeeping (phasegate/branches.py); tiers, reviews and staleness need the door's
-            # queries (workflow.uses_room). All of those keep going through SQS.
-            and envelope.branch == MAIN_BRANCH
-            and not forking
-            # A timer or a signal wait (phasegate/waits.py): the next phase is due later,
-            # sent by the relay; nothing to run now.
-            and not waiting
-            and not workflow.uses_room
-            and outcome.action == "advance"
-            and outcome.status == "running"
-            and outcome.sends_successor
-            and outcome.next_phase is not None
-            and outcome.next_phase not in workflow.merge_phases
+            and plain_successor(workflow=workflow, envelope=envelope, outcome=outcome,
+                                forking=forking, waiting=waiting)
             # Bounded, so one worker does not keep a long run to itself.
             and chain.hops + 1 <= config.max_hops
             and time.monotonic() - chain.started < config.max_s)
+
+
+def can_send_leased(config: ContinuationConfig, *, workflow: Workflow, envelope: Envelope,
+                    outcome: PhaseOutcome, forking: bool, waiting: bool = False) -> bool:
+    """Whether a successor that goes through SQS may be committed as a lease (the module
+    docstring) rather than an outbox row: the message ``phasegate/chains.py`` rebuilds from
+    the run, should the lease run out before the successor commits."""
+    return config.leased_send and plain_successor(
+        workflow=workflow, envelope=envelope, outcome=outcome, forking=forking,
+        waiting=waiting)
+
+
+def plain_successor(*, workflow: Workflow, envelope: Envelope, outcome: PhaseOutcome,
+                    forking: bool, waiting: bool) -> bool:
+    """The next phase of the main chain of a plain run, due now: all a chain lease knows of
+    a message (``chains.successor_of``)."""
+    return (
+        # The main chain of a plain run: branches, forks and merges have their own
+        # bookkeeping (phasegate/branches.py); tiers, reviews and staleness need the door's
+        # queries (workflow.uses_room). All of those keep going through SQS.
+        envelope.branch == MAIN_BRANCH
+        and not forking
+        # A timer or a signal wait (phasegate/waits.py): the next phase is due later, sent
+        # by the relay; nothing to run now.
+        and not waiting
+        and not workflow.uses_room
+        and outcome.action == "advance"
+        and outcome.status == "running"
+        and outcome.sends_successor
+        and outcome.next_phase is not None
+        and outcome.next_phase not in workflow.merge_phases)
 
 
 class Hop(NamedTuple):
@@ -112,6 +145,8 @@ class Leases:
     def __init__(self, store: Store, worker_id: str, lease_s: float) -> None:
         self.store = store
         self.lease = Lease(worker_id, lease_s)
+        # A leased send's: never extended, so no run is ever held under it.
+        self.sent = Lease(sent_holder(worker_id), lease_s)
         self.held: set[str] = set()
 
     def hold(self, workflow_id: str) -> None:

@@ -6,6 +6,12 @@ run's next phase itself (a local chain, worker/continuation.py) or holds its row
 the duplicate is held back instead of deleted, so that a dead worker's chain does not depend
 on the relay alone. When it comes back and the chain's lease has run out, it rebuilds the
 chain's message and sends it (phasegate/chains.py).
+
+A leased send's lease is not a chain: no worker runs the phase, its message went out (or its
+worker died before the send) and waits in the queue behind this duplicate, whose group it
+holds up. Held back, the duplicate would hold the successor up until the lease runs out; it
+ends the lease instead, writing the message as an outbox row and sending it (SQS drops it if the
+first send went out), and is deleted.
 """
 
 from __future__ import annotations
@@ -45,9 +51,9 @@ class Duplicates:
         row = await self.store.successor(envelope.workflow_id, envelope.branch, next_seq)
         if row is None and envelope.branch == MAIN_BRANCH:
             chain = await self.store.chain_of(envelope.workflow_id, next_seq)
-            if chain is not None and chain.live:
+            if chain is not None and chain.live and not chain.sent:
                 return False
-            if chain is not None:  # its worker died mid-chain
+            if chain is not None:  # its worker died mid-chain, or it was a leased send
                 row = await chains.rescue(self.store, chain)
         if row is None or row.sent_at is not None:
             return True

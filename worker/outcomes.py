@@ -37,7 +37,7 @@ class Settlement:
 
 
 class Emit(Protocol):
-    """Step 5 (``PhaseTransition.emit``): send a committed outbox row and mark it sent."""
+    """Step 5 (``Emitter.emit``, worker/emitter.py): send a committed outbox row, mark it sent."""
 
     async def __call__(self, row: OutboxRow, committed: float | None = None) -> bool: ...
 

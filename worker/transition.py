@@ -66,10 +66,12 @@ from phasegate.worker.continuation import (
     Pending,
     advance,
     can_continue,
+    can_send_leased,
     end_chain,
 )
 from phasegate.worker.deadlines import PhaseDeadlines
 from phasegate.worker.duplicates import Duplicates
+from phasegate.worker.emitter import Emitter
 from phasegate.worker.failures import Failures
 from phasegate.worker.guards import Failed, attempt, phase_timeout, storable
 from phasegate.worker.outcomes import Action, PhaseLog, Settlement
@@ -105,8 +107,6 @@ class PhaseTransition:
         self.registry = registry
         self.config = config
         self.faults = faults
-        self._mark_sent = mark_sent
-        self._sender = sender
         self.running: dict[str, RunningPhase] = {}
         self.deadlines = PhaseDeadlines()  # the phases' time limits, one timer for all
         metrics.count_running(self)
@@ -121,6 +121,9 @@ class PhaseTransition:
         # Local continuation (worker/continuation.py): the successor rows leased to this worker.
         self.continuation = continuation or ContinuationConfig()
         self.leases = Leases(store, config.worker_id, self.continuation.lease_s)
+        self.emitter = Emitter(store=store, queue=queue, faults=faults,
+                               sent_lease=self.leases.sent, mark_sent=mark_sent, sender=sender)
+        self.emit = self.emitter.emit
         self._stopping = stopping
         # The side parts of the path, each in its own module.
         self.poison = Quarantine(store=store, dlq=dlq, worker_id=config.worker_id,
@@ -147,7 +150,7 @@ class PhaseTransition:
                 span.set("phasegate.outcome", settlement.outcome)
                 if workflow.concurrency_key is not None \
                         and settlement.outcome in concurrency.FREES_SLOT:
-                    await self.emit_admitted(envelope.workflow_id)
+                    await self.emitter.admitted(envelope.workflow_id)
                 return settlement
         except DATABASE_DOWN as exc:
             metrics.DB_ERRORS.inc()
@@ -176,7 +179,7 @@ class PhaseTransition:
                 return await quarantine(message, Poison(
                     "concurrency_key", taken.reason, envelope.workflow_id))
             if workflow.rate is not None:  # a wake-up may have admitted runs queued before it
-                await self.emit_admitted(envelope.workflow_id)
+                await self.emitter.admitted(envelope.workflow_id)
             if taken == "queued":  # its admission writes a new start message
                 log.info("queued")
                 return Settlement(Action.DELETE, "queued")
@@ -379,12 +382,17 @@ class PhaseTransition:
         leasing = can_continue(self.continuation, chain, workflow=workflow, envelope=envelope,
                                outcome=outcome, forking=fork is not None,
                                waiting=wait is not None, stopping=self._stopping())
+        # A successor for SQS: committed as a lease rather than an outbox row when it may be
+        # (worker/continuation.py, leased send).
+        sent_leased = (not leasing and successor is not None and can_send_leased(
+            self.continuation, workflow=workflow, envelope=envelope, outcome=outcome,
+            forking=fork is not None, waiting=wait is not None))
         # Encoded once, for the commit and the send; a continued hop's successor is encoded
         # only if its chain ends before it commits (continuation.Leases.end).
         body = successor.to_json() if successor is not None and not leasing else None
+        lease = self.leases.lease if leasing else self.leases.sent if sent_leased else None
         with tracing.commit_span(envelope) as span:
-            result = await self.store.commit_phase(
-                commit, body, lease=self.leases.lease if leasing else None)
+            result = await self.store.commit_phase(commit, body, lease=lease)
             span.set("checkpoint.success", result is not None)
         metrics.COMMIT_DURATION.observe(time.monotonic() - commit_started)
         if result is None:
@@ -403,62 +411,24 @@ class PhaseTransition:
                 return advance(chain, self.leases, successor, position, commit)
             # SIGTERM came during the commit: hand off now.
             await self._hand_off(Pending(successor))
-        elif successor is not None and body is not None and outbox_id is not None:
+        elif successor is not None and body is not None and (sent_leased or outbox_id is not None):
             # Sent while the runtime deletes the received message: the hop waits for the
             # longer of the two SQS calls, not their sum. The delete starts once the send's
             # request is under way, so building the delete's request does not hold the send's
             # up (the wait between two phases on LocalStack: 1.22x the floor with both started
             # together, 1.12x before, when the send had a head start by accident).
             issued: asyncio.Future[None] = self.deadlines.event_loop().create_future()
-            sending = self._durable(self._send_successor(
-                OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
-                commit_started, issued))
+            sending = self._durable(
+                self.emitter.leased(successor, body, commit_started, issued) if outbox_id is None
+                else self.emitter.successor(
+                    OutboxRow(outbox_id, successor.dedup_id, successor.group_id, body),
+                    commit_started, issued))
             self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
             await issued
             return Settlement(Action.DELETE, outcome.label, sending=sending)
         self.faults.hit("after_send")
         self._log_phase(envelope, phase_name, started, outcome.label, tier=outcome.tier)
         return Settlement(Action.DELETE, outcome.label)
-
-    async def _send_successor(self, row: OutboxRow, committed: float,
-                              issued: asyncio.Future[None] | None = None) -> bool:
-        sent = await self.emit(row, committed, issued)
-        self.faults.hit("after_send")
-        return sent
-
-    async def emit(self, row: OutboxRow, committed: float | None = None,
-                   issued: asyncio.Future[None] | None = None) -> bool:
-        """Send an outbox row and mark it sent. On failure the relay sends it later.
-
-        Concurrent sends share one SendMessageBatch. Marking sent does not hold up the delete
-        of the received message: it is posted to a batcher (a row left unmarked is only sent
-        again by the relay, and SQS drops it by its deduplication id)."""
-        message = Outgoing(row.body, row.group_id, row.dedup_id)
-        try:
-            with tracing.send_span("queue"):
-                if self._sender is not None:
-                    await self._sender.submit(message, issued)
-                else:
-                    _set(issued)
-                    await self.queue.send([message])
-        except Exception as exc:
-            metrics.SQS_ERRORS.labels("send").inc()
-            log.warning("emit_failed_relay_will_send", error=type(exc).__name__)
-            return False
-        finally:
-            _set(issued)  # whatever became of the send, whoever waits for it goes on
-        if committed is not None:
-            metrics.OUTBOX_SEND_LAG.observe(time.monotonic() - committed)
-        if self._mark_sent is not None:
-            self._mark_sent.post(row.outbox_id)
-        else:
-            await self.store.mark_sent([row.outbox_id])
-        return True
-
-    async def emit_admitted(self, workflow_id: str) -> None:
-        """Send the start messages of the runs this run's end admitted (concurrency.py)."""
-        rows = await concurrency.admitted_by(self.store, workflow_id)
-        await asyncio.gather(*(self.emit(row) for row in rows))
 
     # -- the side parts' entry points the runtime calls -----------------------------------------
 
@@ -472,7 +442,3 @@ class PhaseTransition:
         """A retry's visibility timeout: whole seconds with full jitter (transition_config.py)."""
         return retry_delay_s(self.config, attempts)
 
-
-def _set(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)

@@ -61,4 +61,5 @@ def continuation_config(settings: Settings, store: Store | None) -> Continuation
         enabled=settings.continuation and not isinstance(store, StoreRouter),
         max_hops=settings.continuation_max_hops,
         max_s=settings.continuation_max_s,
-        lease_s=settings.visibility_timeout_s)
+        lease_s=settings.visibility_timeout_s,
+        leased_send=settings.leased_send and not isinstance(store, StoreRouter))

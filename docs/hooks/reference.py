@@ -47,7 +47,7 @@ MEANINGS: dict[str, str] = {
     "workflow_modules": "Comma-separated import paths of modules defining `Workflow`s; every "
                         "`Workflow` among a module's globals is loaded",
     "concurrency": "Phases one worker runs at once",
-    "worker_id": "Recorded on checkpoints; default `hostname-pid`",
+    "worker_id": "Recorded on checkpoints and lease holders; no `/`; default `hostname-pid`",
     "visibility_timeout_s": "Lease on a received message; keep it short (the heartbeat "
                             "extends it)",
     "heartbeat_s": "How often leases are extended; must be below the visibility timeout",
@@ -86,6 +86,10 @@ MEANINGS: dict[str, str] = {
                              "run is handed back to the queue",
     "continuation_max_s": "Seconds a local chain may run before the run is handed back to the "
                           "queue (checked between phases)",
+    "leased_send": "Leased send (`on`/`off`): a plain successor that goes through SQS is "
+                   "committed as a short lease on the run's position instead of an outbox "
+                   "row, and the worker sends it "
+                   "([The phase transition](../concepts/transition.md#leased-send))",
     "metrics_host": "Worker `/metrics`, `/healthz`, `/readyz`: listen address",
     "metrics_port": "Worker `/metrics`, `/healthz`, `/readyz`: port",
     "log_level": "Log level (for the standard-library loggers too; the AWS SDK, httpx and "

@@ -213,7 +213,7 @@ SELECT phasegate_end_chain($1, $2, $3, $4, $5, $6, $7, $8) AS outbox_id;
 -- made of, should it have to be rebuilt; no row: no chain. Where the chain is comes from the
 -- run row: a live chain's position may be a heartbeat behind it (0030).
 SELECT p.workflow_id, p.workflow, r.next_seq, r.current_phase, p.chain_traceparent,
-       r.region, p.chain_until > now() AS live
+       r.region, p.chain_until > now() AS live, p.chain_holder AS holder
   FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
  WHERE p.workflow_id = $1 AND r.next_seq = $2 AND r.status = 'running'
    AND p.chain_holder IS NOT NULL;
@@ -222,7 +222,7 @@ SELECT p.workflow_id, p.workflow, r.next_seq, r.current_phase, p.chain_tracepare
 -- Relay: the chains whose lease ran out (their worker died mid-chain). run_positions holds
 -- the runs that have not ended and is scanned whole, as for requeue_stalled.
 SELECT p.workflow_id, p.workflow, r.next_seq, r.current_phase, p.chain_traceparent,
-       r.region, false AS live
+       r.region, false AS live, p.chain_holder AS holder
   FROM run_positions p JOIN workflow_runs r ON r.workflow_id = p.workflow_id
  WHERE p.chain_until <= now() AND p.chain_holder IS NOT NULL AND r.status = 'running'
  ORDER BY p.chain_until

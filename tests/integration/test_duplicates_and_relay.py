@@ -73,14 +73,18 @@ async def test_redelivered_phase_message_commits_once_and_successor_sent_once(se
     assert all(r["sent_at"] is not None for r in outbox)
 
 
-@pytest.mark.parametrize("continuation", [False, True], ids=["sent", "continued"])
-async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings, continuation):
-    """SIGKILL right after the commit of seq 0. Without continuation the successor is in the
-    outbox, unsent; with it (the worker was going to run seq 1 itself) the run's position
-    holds a chain lease and there is no row. The relay (no worker running) sends it -- the
-    row, or the message rebuilt from the run once the lease has run out --; a new worker then
-    finishes the run."""
-    settings = settings.model_copy(update={"continuation": continuation})
+@pytest.mark.parametrize(("continuation", "leased_send"),
+                         [(False, False), (False, True), (True, True)],
+                         ids=["outbox", "leased-send", "continued"])
+async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings, continuation,
+                                                                   leased_send):
+    """SIGKILL right after the commit of seq 0. With neither continuation nor leased sends the
+    successor is in the outbox, unsent; otherwise (the worker was going to send seq 1, or to
+    run it itself) the run's position holds a lease and there is no row. The relay (no worker
+    running) sends it -- the row, or the message rebuilt from the run once the lease has run
+    out --; a new worker then finishes the run."""
+    settings = settings.model_copy(update={"continuation": continuation,
+                                           "leased_send": leased_send})
     async with store_for(settings.database_url) as store, queue_for(settings) as queue:
         wid = (await start_workflow(store, queue, workflow=workflows.chain,
                                     input={"n": 2})).workflow_id
@@ -91,10 +95,12 @@ async def test_crash_between_commit_and_send_is_healed_by_the_relay(settings, co
             stop_process(crashing)
         unsent = await fetch(settings.database_url,
                              "SELECT seq FROM outbox WHERE sent_at IS NULL")
-        assert [r["seq"] for r in unsent] == ([] if continuation else [1])
+        assert [r["seq"] for r in unsent] == ([] if leased_send else [1])
         assert await fetchval(settings.database_url, "SELECT next_seq FROM workflow_runs") == 1
-        assert await fetchval(settings.database_url, "SELECT chain_holder IS NOT NULL "
-                              "FROM run_positions") is continuation
+        holder = await fetchval(settings.database_url, "SELECT chain_holder FROM run_positions")
+        assert (holder is not None) is leased_send
+        # A leased send's holder is told apart from a chain's.
+        assert (holder or "").endswith("/sent") is (leased_send and not continuation)
 
         relay = Relay(store=store, queue=queue, after_s=settings.relay_after_s, interval_s=0.1)
 

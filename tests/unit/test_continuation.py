@@ -1,5 +1,5 @@
 """The "can continue locally" decision (worker/continuation.py): every condition that sends the
-run through SQS instead, one at a time."""
+run through SQS instead, one at a time; and the "may its message be a leased send" one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ import pytest
 from phasegate import Context, Workflow
 from phasegate.envelope import phase_message
 from phasegate.tiers import PhaseOutcome
-from phasegate.worker.continuation import Chain, ContinuationConfig, Leases, can_continue, end_chain
+from phasegate.worker.continuation import (
+    Chain,
+    ContinuationConfig,
+    Leases,
+    can_continue,
+    can_send_leased,
+    end_chain,
+)
 from phasegate.worker.outcomes import Action, Settlement
 
 plain = Workflow("plain", schema_version=1)
@@ -71,6 +78,42 @@ def test_workflows_with_tiers_or_staleness_and_merge_phases_do_not_continue() ->
     merging.merge_phases.add("b")
     merging.phase("b")(_step)
     assert not decide(workflow=merging)
+
+
+LEASED = ContinuationConfig(leased_send=True)
+
+
+def leased(config: ContinuationConfig = LEASED, **overrides: Any) -> bool:
+    values: dict[str, Any] = {"workflow": plain, "envelope": ENVELOPE, "outcome": ADVANCE,
+                              "forking": False, **overrides}
+    return can_send_leased(config, **values)
+
+
+def test_a_plain_successor_is_a_leased_send_with_continuation_off_or_bounded() -> None:
+    """Not a chain: neither continuation nor its bounds matter, only what the message is."""
+    assert leased()
+    assert leased(replace(LEASED, enabled=True, max_hops=1))
+    assert not leased(replace(LEASED, leased_send=False))
+
+
+@pytest.mark.parametrize("why", [
+    {"forking": True},
+    {"waiting": True},
+    {"envelope": phase_message("wf-1", "plain", 0, "a", branch="b1")},
+    {"outcome": PhaseOutcome("advance", None, "completed")},
+    {"outcome": PhaseOutcome("retry", "a", "running")},
+    {"outcome": PhaseOutcome("escalate", "b", "awaiting_review")},
+])
+def test_a_message_the_run_cannot_rebuild_keeps_its_outbox_row(why: dict[str, Any]) -> None:
+    """A lapsed lease's message is rebuilt from the run (phasegate/chains.py): only the next
+    phase of the main chain, due now, can be."""
+    assert not leased(**why)
+
+
+def test_leases_tell_a_leased_send_from_a_chain() -> None:
+    leases = Leases(None, "w-1", 30.0)  # type: ignore[arg-type]
+    assert leases.lease.holder == "w-1" and leases.sent.holder == "w-1/sent"
+    assert leases.sent.seconds == leases.lease.seconds
 
 
 async def test_a_chain_handed_off_through_the_queue_keeps_its_last_send() -> None:

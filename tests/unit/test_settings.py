@@ -12,6 +12,7 @@ def test_defaults_are_sane(monkeypatch):
     settings = load_settings()
     assert settings.visibility_timeout_s == 30 and settings.heartbeat_s == 10
     assert settings.concurrency == 4 and settings.faults == ""
+    assert settings.continuation and settings.leased_send
 
 
 def test_env_vars_are_read(monkeypatch):
@@ -25,6 +26,10 @@ def test_env_vars_are_read(monkeypatch):
     ("PHASEGATE_WAIT_TIME_S", "21"),
     ("PHASEGATE_QUEUE_URL", "sqs://nope"),
     ("PHASEGATE_MAX_MESSAGE_BYTES", "999999999"),
+    # A lease holder is the worker id or the id + "/sent" (a leased send's): a "/" in the id
+    # would blur the two.
+    ("PHASEGATE_WORKER_ID", "pod-1/sent"),
+    ("PHASEGATE_WORKER_ID", ""),
 ])
 def test_invalid_values_name_the_variable(monkeypatch, key, value):
     monkeypatch.setenv(key, value)
