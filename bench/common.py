@@ -199,6 +199,12 @@ class Databases:
     def private(self) -> bool:
         return isinstance(self._embedded, PrivateCluster)
 
+    @property
+    def data_dir(self) -> Path | None:
+        """The private cluster's data directory (its WAL: bench/wal_split.py); None for a
+        server this process did not start."""
+        return self._embedded.data_dir if self._embedded is not None else None
+
     def postmaster_pid(self) -> int | None:
         """The private cluster's postmaster (the first line of its ``postmaster.pid``)."""
         if not self.private or self._embedded is None or self._embedded.data_dir is None:

@@ -97,12 +97,21 @@ SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 --   message, since it was sent (the claim moves the run to running), and a finished wait,
 --   since its due time (the claim clears `waiting`);
 -- - uncommitted: a running run's latest successor, since it was sent, whose phase has not
---   committed: in the queue or running -- the database cannot tell which.
+--   committed: in the queue or running -- the database cannot tell which. A leased send
+--   (worker/continuation.py) leaves no row until its lease runs out: its message went out
+--   right after the commit of the seq before, whose checkpoint time stands for the send.
 WITH heads AS (
     SELECT r.status, r.due_at,
-           (SELECT o.sent_at FROM outbox o
-             WHERE o.workflow_id = r.workflow_id AND o.branch = 'main' AND o.seq = r.next_seq
-             ORDER BY o.outbox_id DESC LIMIT 1) AS sent_at
+           coalesce(
+               (SELECT o.sent_at FROM outbox o
+                 WHERE o.workflow_id = r.workflow_id AND o.branch = 'main'
+                   AND o.seq = r.next_seq
+                 ORDER BY o.outbox_id DESC LIMIT 1),
+               (SELECT c.created_at FROM run_positions p
+                  JOIN checkpoints c ON c.workflow_id = p.workflow_id AND c.branch = 'main'
+                                    AND c.seq = r.next_seq - 1 AND c.kind = 'phase'
+                 WHERE p.workflow_id = r.workflow_id AND r.status = 'running'
+                   AND p.chain_holder LIKE '%/sent')) AS sent_at
       FROM workflow_runs r
      WHERE r.status IN ('pending', 'running')
         OR (r.status = 'waiting' AND r.due_at <= now())

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY as METRICS
 from phasegate.envelope import phase_message, state_hash
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
+from phasegate.sql import queries
 from phasegate.store import Lease, PhaseCommit
 from phasegate.worker.duplicates import Duplicates
 from phasegate.workflow import Registry
@@ -91,6 +92,9 @@ async def test_a_lease_that_runs_out_before_its_phase_ends_becomes_a_sent_row(se
         assert holder is not None and holder.endswith("/sent")
         assert await fetchval(settings.database_url, "SELECT count(*) FROM outbox "
                               "WHERE workflow_id = $1 AND seq = 3", wid) == 0
+        # The status summary counts p03's message as uncommitted although it has no row.
+        ages = await fetch(settings.database_url, queries("control.sql")["message_ages"])
+        assert ages[0]["uncommitted"] == 1 and ages[0]["uncommitted_s"] >= 0
 
         async def written() -> bool:
             return bool(await fetchval(
