@@ -30,7 +30,9 @@ from phasegate.store import SENT_SUFFIX, ChainLease, Lease, OutboxRow, Store
 
 log = structlog.get_logger("phasegate.chains")
 
+
 def sent_holder(worker_id: str) -> str:
+    """A leased send's lease holder (worker/continuation.py)."""
     return worker_id + SENT_SUFFIX
 
 

@@ -85,7 +85,7 @@ class ChainLease:
 
     @property
     def sent(self) -> bool:
-        """A leased send's lease (``chains.SENT_SUFFIX``): its message went out, or its
+        """A leased send's lease (``SENT_SUFFIX``): its message went out, or its
         worker died before the send; no worker runs the phase locally."""
         return self.holder is not None and self.holder.endswith(SENT_SUFFIX)
 
