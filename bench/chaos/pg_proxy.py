@@ -24,11 +24,18 @@ SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 
 
+# Every statement that commits a phase (phasegate/sql/queries.sql): the general commit, a
+# plain advance alone (0027), a continued hop or a leased send alone (0021), and their
+# multi-row forms (commit_phases, continue_phases: a group commit, whose lost answer reaches
+# every caller of the batch). A substring covers a function and its multi-row form.
+PHASE_COMMITS = ("phasegate_commit_phase", "phasegate_advance_phase",
+                 "phasegate_continue_phase")
+
+
 def classify(sql: str) -> str | None:
-    """Which write a statement is, for the statements whose lost answer matters most: the
-    phase commit (phasegate/sql/queries.sql commit_phase, and commit_phases: a group commit,
-    whose lost answer reaches every caller of the batch) and a write step's two records."""
-    if "phasegate_commit_phase" in sql:  # the function and the group's phasegate_commit_phases
+    """Which write a statement is, for the statements whose lost answer matters most: a phase
+    commit (``PHASE_COMMITS``) and a write step's two records."""
+    if any(name in sql for name in PHASE_COMMITS):
         return "phase_commit"
     if "INSERT INTO step_records" in sql and "'pre_execution'" in sql:
         return "step_claim"

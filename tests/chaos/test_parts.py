@@ -90,6 +90,9 @@ def test_the_proxy_recognises_the_statements_it_cuts() -> None:
     q = queries()
     assert classify(q["commit_phase"]) == "phase_commit"
     assert classify(q["commit_phases"]) == "phase_commit"  # a group commit
+    # A plain advance alone, and a continued hop or a leased send, alone and grouped.
+    for name in ("advance_phase", "continue_phase", "continue_phases"):
+        assert classify(q[name]) == "phase_commit", name
     assert classify(q["step_claim"]) == "step_claim"
     assert classify(q["step_complete"]) == "step_complete"
     assert classify(q["load_for_phase"]) is None
