@@ -129,7 +129,7 @@ async def test_a_duplicate_ends_a_live_lease_instead_of_waiting_for_it(settings)
         successor = phase_message(wid, "hops", 1, PHASES[1])
         committed = await store.commit_phase(PhaseCommit(
             workflow_id=wid, branch="main", seq=0, phase=PHASES[0], schema_version=1,
-            state_json='{"n":1}', state_hash=_hash('{"n":1}'), next_phase=PHASES[1],
+            state_json='{"n":1}', state_hash=state_hash('{"n":1}'), next_phase=PHASES[1],
             status="running", worker_id="gone", successor=successor),
             lease=Lease("gone/sent", 600.0))
         assert committed is not None and committed[1] is None  # a lease, no outbox row
@@ -145,10 +145,6 @@ async def test_a_duplicate_ends_a_live_lease_instead_of_waiting_for_it(settings)
                           "WHERE workflow_id = $1", wid) == len(PHASES) - 1
 
 
-def _hash(canonical: str) -> str:
-    return state_hash(canonical)
-
-
 async def test_a_chain_lease_still_holds_a_duplicate_back(settings):
     """The same duplicate in front of a live chain lease (no ``/sent``: a worker runs the
     phase itself) is held back, not resolved: the chain's worker owns the next message."""
@@ -160,7 +156,7 @@ async def test_a_chain_lease_still_holds_a_duplicate_back(settings):
         successor = phase_message(wid, "hops", 1, PHASES[1])
         await store.commit_phase(PhaseCommit(
             workflow_id=wid, branch="main", seq=0, phase=PHASES[0], schema_version=1,
-            state_json='{"n":1}', state_hash=_hash('{"n":1}'), next_phase=PHASES[1],
+            state_json='{"n":1}', state_hash=state_hash('{"n":1}'), next_phase=PHASES[1],
             status="running", worker_id="alive", successor=successor),
             lease=Lease("alive", 600.0))
         chain = await store.chain_of(wid, 1)
