@@ -39,6 +39,11 @@ class WorkCounts:
     def per(self, transitions: int) -> dict[str, float]:
         return {name: self.counts[name] / transitions for name in FIGURES}
 
+    def tasks_by_coroutine(self, transitions: int) -> dict[str, float]:
+        """Tasks per transition by the coroutine each one runs, most first."""
+        return {name.removeprefix("task:"): count / transitions
+                for name, count in self.counts.most_common() if name.startswith("task:")}
+
     def __enter__(self) -> WorkCounts:
         loop: Any = self.loop
         for method, name in (("call_soon", "call_soon"), ("call_later", "call_later"),
@@ -95,6 +100,7 @@ class WorkCounts:
         def factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
                     **kwargs: Any) -> asyncio.Future[Any]:
             counts["tasks"] += 1
+            counts["task:" + getattr(coro, "__qualname__", type(coro).__name__)] += 1
             if previous is not None:
                 return previous(loop, coro, **kwargs)
             return asyncio.Task(coro, loop=loop, **kwargs)

@@ -164,6 +164,8 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
             await run_phasegate(await databases.fresh(), workload, env)
             env.around = None
             counted = "\n\n" + count_table(counts.per(workload.transitions))
+            counted += "\n\n" + count_table(counts.tasks_by_coroutine(workload.transitions),
+                                             "tasks by coroutine")
         if time_log_lines or time_hop:
             times = LogLineTimes(hop=time_hop)
             env.around = lambda: times
@@ -178,8 +180,8 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs){counted}")
 
 
-def count_table(per: dict[str, float]) -> str:
-    lines = ["| per transition (counted run) | count |", "|---|---:|"]
+def count_table(per: dict[str, float], what: str = "counted run") -> str:
+    lines = [f"| per transition ({what}) | count |", "|---|---:|"]
     lines += [f"| {name} | {value:.2f} |" for name, value in per.items()]
     return "\n".join(lines)
 

@@ -71,7 +71,8 @@ class GroupCommit:
 
     def __init__(self, pool: asyncpg.Pool, *, single_sql: str, batch_sql: str,
                  window_s: float, max_batch: int = MAX_BATCH, name: str = "commit",
-                 batch_alone: Mapping[str, str] | None = None) -> None:
+                 batch_alone: Mapping[str, str] | None = None,
+                 lone_in_caller: bool = False) -> None:
         if window_s <= 0:
             raise ValueError("a group commit needs a window above 0 (0 turns it off)")
         self._pool = pool
@@ -81,6 +82,8 @@ class GroupCommit:
         self._max_batch = max_batch
         # A call's own statement -> its multi-row form (the module docstring).
         self._batch_alone = dict(batch_alone or {})
+        # A read: a call that goes alone runs in its caller's task (see ``commit``).
+        self._lone_in_caller = lone_in_caller
         self._size = metrics.GROUP_COMMIT_SIZE.labels(statement=name)
         self._fallbacks = metrics.GROUP_COMMIT_FALLBACKS.labels(statement=name)
         self._pending: list[tuple[Args, asyncio.Future[Result], Alone]] = []
@@ -119,6 +122,8 @@ class GroupCommit:
         or None (a commit superseded, a run that does not exist). ``alone``: the statement and
         arguments to send instead when the call goes by itself (a leaner statement for it;
         the multi-row statement takes ``args`` like any other)."""
+        if self._lone_in_caller and self._in_flight == 0 and not self._pending:
+            return await self._lone(args, alone)
         loop = self._event_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._pending.append((args, future, alone))
@@ -131,6 +136,22 @@ class GroupCommit:
         # like a shielded single commit. (A shield here cost a future and two callbacks per
         # commit, and changed nothing: the flush never looks at a caller's task.)
         return await future
+
+    async def _lone(self, args: Args, alone: Alone) -> Result:
+        """A call with nothing in flight and nothing queued, sent from its caller's task: no
+        flush task, no future. Only for statements that write nothing (``lone_in_caller``): a
+        cancelled caller cancels the statement itself, which a commit must not allow (the
+        module docstring). What queues meanwhile goes when it is done, as after a flush."""
+        self._in_flight += 1
+        self._size.observe(1)
+        try:
+            sql, own_args = alone if alone is not None else (self._single_sql, args)
+            result: Result = await self._statement(sql, own_args, many=False)
+            return result
+        finally:
+            self._in_flight -= 1
+            if self._pending:
+                self._start_flush()
 
     def _start_flush(self) -> None:
         if self._timer is not None:

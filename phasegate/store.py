@@ -147,7 +147,7 @@ class Store:
         if load_window_s > 0:
             self.group_load = GroupCommit(
                 pool, single_sql=self._q["load_for_phase"], batch_sql=self._q["load_for_phases"],
-                window_s=load_window_s, name="load")
+                window_s=load_window_s, name="load", lone_in_caller=True)
 
     async def ping(self) -> None:
         await self.pool.fetchval(queries("schema.sql")["ping"])

@@ -1,10 +1,10 @@
 """Coalesce many single SQS requests into batch calls without adding latency.
 
 Callers ``await batcher.submit(item)``, or ``batcher.post(item)`` when nothing waits on the
-outcome. One supervised task drains whatever has queued up while the previous call was in
-flight, so a quiet worker sends batches of one immediately and a busy one sends batches of
-ten. Up to ``max_concurrent`` calls overlap; what is still queued when the task is cancelled
-is flushed before it ends.
+outcome. A submit with nothing queued or in flight is called at once from its own task. One
+supervised task drains whatever has queued up while a call was in flight, so a quiet worker
+sends batches of one immediately and a busy one sends batches of ten. Up to ``max_concurrent``
+calls overlap; what is still queued when the task is cancelled is flushed before it ends.
 """
 
 from __future__ import annotations
@@ -35,15 +35,40 @@ class MicroBatcher(Generic[T]):
         self._slots = asyncio.Semaphore(max_concurrent)
         self._calls: set[asyncio.Task[None]] = set()
         self._issued: dict[asyncio.Future[None], asyncio.Future[None]] = {}
+        self._direct = 0  # calls made from a submitting task (``_direct_call``)
 
     async def submit(self, item: T, issued: asyncio.Future[None] | None = None) -> None:
         """Queue ``item`` and wait until the batch holding it was sent (or raise its error).
         ``issued``: set when the call carrying ``item`` starts (its request under way)."""
+        if not self._calls and not self._direct and not self._linger_s \
+                and self._pending.empty() and not self._slots.locked():
+            await self._direct_call(item, issued)
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if issued is not None:
             self._issued[future] = issued
         self._pending.put_nowait((item, future))
         await future
+
+    async def _direct_call(self, item: T, issued: asyncio.Future[None] | None) -> None:
+        """Nothing queued or in flight: the call is made from the caller's task, with no
+        queue hop, no call task and no future (a quiet worker's every call). Whatever is
+        submitted meanwhile queues and goes in the next batch, as behind any call."""
+        await self._slots.acquire()  # free (checked by the caller): returns at once
+        self._direct += 1
+        try:
+            if issued is not None and not issued.done():
+                issued.set_result(None)
+            await self._flush([item])
+        except asyncio.CancelledError:
+            # The caller's cancel (a hard stop) cut the call short: it goes again from the
+            # side task, as a queued item would have gone. Every call here can be repeated
+            # (a delete, a visibility change, a send under its deduplication id).
+            self._pending.put_nowait((item, None))
+            raise
+        finally:
+            self._direct -= 1
+            self._slots.release()
 
     def post(self, item: T) -> None:
         """Queue ``item`` without waiting for its batch. A failure is logged, not raised: only

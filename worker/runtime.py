@@ -80,6 +80,7 @@ class Worker:
         self.transition: PhaseTransition | None = None
         self.probe_port: int | None = None
         self._stop = asyncio.Event()
+        self._stop_waiter: asyncio.Task[bool] | None = None  # shared by every poll
         self._receiving = asyncio.Event()
         self._receiving.set()
         self._capacity_changed = asyncio.Event()
@@ -250,6 +251,14 @@ class Worker:
     # -- receiving ----------------------------------------------------------------------------
 
     async def _receive_loop(self, burst: bool) -> None:
+        try:
+            await self._poll_until_stopped(burst)
+        finally:
+            if self._stop_waiter is not None:
+                self._stop_waiter.cancel()
+                self._stop_waiter = None
+
+    async def _poll_until_stopped(self, burst: bool) -> None:
         assert self.queue is not None
         # Full jitter (phasegate/backoff.py): a fleet that lost SQS together does not come back
         # in lockstep.
@@ -285,9 +294,12 @@ class Worker:
         self.receive_calls += 1
         receive = asyncio.ensure_future(self.queue.receive(
             max_messages, self.settings.wait_time_s, self.settings.visibility_timeout_s))
-        stopped = asyncio.ensure_future(self._stop.wait())
-        done, _ = await asyncio.wait({receive, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
+        # One waiter for every poll until stop: a task of its own per poll was one of a
+        # transition's eight.
+        if self._stop_waiter is None:
+            self._stop_waiter = asyncio.ensure_future(self._stop.wait())
+        done, _ = await asyncio.wait({receive, self._stop_waiter},
+                                     return_when=asyncio.FIRST_COMPLETED)
         if receive in done:
             return receive.result()
         # Messages this poll would have returned stay invisible only until their timeout.

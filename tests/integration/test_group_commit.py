@@ -435,6 +435,50 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
                                             ("wf_gl_pending", "running")]
 
 
+async def test_a_lone_load_runs_in_its_callers_task_and_a_cancel_hands_its_queue_on(
+        database_url):
+    """A load with nothing in flight is sent from its caller's task (no flush task: it writes
+    nothing a cancel could half-decide). Cancelled while it waits on a held row, the caller
+    gets the cancel, and the loads queued behind it go at once, not when the window ends."""
+    async with grouped_store(database_url) as setup:
+        await running(setup, "wf_gl_behind1", "wf_gl_behind2")
+        await setup.start_run(workflow_id="wf_gl_held", workflow="wf", schema_version=1,
+                              input={}, first_phase="a",
+                              message=start_message("wf_gl_held", "wf", {}))
+    pool = await create_pool(database_url, min_size=1, max_size=4)
+    try:
+        store = Store(pool, load_window_s=HELD_WINDOW_S)
+        group = store.group_load
+        assert group is not None
+        async with held(database_url, "wf_gl_held"):
+            before = len(asyncio.all_tasks())
+            head = asyncio.ensure_future(store.load_for_phase("wf_gl_held"))  # claims: locks
+            await wait_for(lambda: _waiting(database_url, 1), timeout=30,
+                           what="the lone load waiting on the held row")
+            assert len(asyncio.all_tasks()) == before + 1  # the caller's own, nothing else
+            behind = [asyncio.ensure_future(store.load_for_phase(workflow_id))
+                      for workflow_id in ("wf_gl_behind1", "wf_gl_behind2")]
+
+            async def queued() -> bool:
+                return group.queued == 2
+
+            await wait_for(queued, timeout=30, what="2 loads queued behind the lone one")
+            head.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await head
+            # Still inside the held lock: they were sent when the lone load ended.
+            positions = await asyncio.wait_for(asyncio.gather(*behind), timeout=30)
+        assert [p.workflow_id if p else None for p in positions] == ["wf_gl_behind1",
+                                                                     "wf_gl_behind2"]
+        assert group.statements == 1
+        # Nothing is left in flight: the next lone load goes at once (and claims the run the
+        # cancelled one did not).
+        claimed = await asyncio.wait_for(store.load_for_phase("wf_gl_held"), timeout=30)
+        assert claimed is not None and claimed.status == "running"
+    finally:
+        await pool.close()
+
+
 async def test_continued_hops_join_a_group_each_lease_written_per_row(database_url):
     """Local continuation's commits go grouped with the others in one commit_phases
     statement: each continued run's position takes a chain lease for its holder and its own

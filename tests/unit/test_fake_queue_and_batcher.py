@@ -102,6 +102,60 @@ async def test_batcher_tells_a_submitter_when_its_call_is_under_way():
     await asyncio.gather(runner, return_exceptions=True)
 
 
+async def test_a_lone_submit_is_called_from_its_callers_task():
+    """Nothing queued or in flight: the call is made in the submitting task (no queue hop and
+    no call task); what comes meanwhile queues and goes together in the next call."""
+    release, called = asyncio.Event(), asyncio.Event()
+    calls: list[tuple[list[int], asyncio.Task[object] | None]] = []
+
+    async def flush(items):
+        calls.append((list(items), asyncio.current_task()))
+        called.set()
+        if len(calls) == 1:
+            await release.wait()
+
+    batcher = MicroBatcher[int](flush, max_concurrent=1)
+    runner = asyncio.create_task(batcher.run())
+    first = asyncio.create_task(batcher.submit(0))
+    await asyncio.wait_for(called.wait(), timeout=10)
+    later = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, 3)]
+    for _ in range(5):  # turns of the loop in which the side task could (wrongly) call
+        await asyncio.sleep(0)
+    assert [items for items, _ in calls] == [[0]]  # the others wait for the slot
+    release.set()
+    await asyncio.gather(first, *later)
+    assert calls[0][1] is first
+    assert [items for items, _ in calls] == [[0], [1, 2, 3]]
+    assert calls[1][1] is not first and calls[1][1] not in later  # the side task's call
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_lone_submit_cancelled_mid_call_is_made_again_by_the_side_task():
+    """A hard stop cancels a delete in flight: the item is queued again and the side task
+    makes the call (every call here may be repeated), so a cancel loses nothing."""
+    calls: list[list[str]] = []
+    hang, first_call, second_call = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def flush(items):
+        calls.append(list(items))
+        (first_call if len(calls) == 1 else second_call).set()
+        if len(calls) == 1:
+            await hang.wait()  # never set: the first call is cut short by the cancel
+
+    batcher = MicroBatcher[str](flush)
+    runner = asyncio.create_task(batcher.run())
+    caller = asyncio.create_task(batcher.submit("receipt"))
+    await asyncio.wait_for(first_call.wait(), timeout=10)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(second_call.wait(), timeout=10)
+    assert calls == [["receipt"], ["receipt"]]
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
 def test_faults_parse_and_refuse_unknown_points():
     assert not Faults("").active
     assert Faults("after_commit@2,after_send%0.5").active
