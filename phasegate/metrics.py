@@ -48,6 +48,10 @@ DB_ERRORS = Counter("phasegate_db_unavailable_total",
 CONTINUED_HOPS = Counter(
     "phasegate_continued_hops_total",
     "Phases run locally right after the previous one committed (local continuation).")
+OWN_SUCCESSORS = Counter(
+    "phasegate_own_successors_total",
+    "Messages this worker sent (a leased send) and received back, checked from memory "
+    "without a load.")
 CHAINS_RESCUED = Counter(
     "phasegate_chains_rescued_total",
     "Local chains whose worker died mid-chain, their next message rebuilt and sent.")

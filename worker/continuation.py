@@ -190,6 +190,12 @@ def advance(chain: Chain, leases: Leases, successor: Envelope, position: RunPosi
     chain.pending = Pending(successor)
     leases.hold(successor.workflow_id)
     metrics.CONTINUED_HOPS.inc()
+    return hop_after(successor, position, commit)
+
+
+def hop_after(successor: Envelope, position: RunPosition, commit: PhaseCommit) -> Hop:
+    """The successor's hop from what this worker knows: ``position`` as read before ``commit``
+    (``advance``; worker/own_successors.py)."""
     assert commit.next_phase is not None
     next_position = replace(
         position, status="running", next_seq=commit.seq + 1, current_phase=commit.next_phase,

@@ -75,6 +75,7 @@ from phasegate.worker.emitter import Emitter
 from phasegate.worker.failures import Failures
 from phasegate.worker.guards import Failed, attempt, phase_timeout, storable
 from phasegate.worker.outcomes import Action, PhaseLog, Settlement
+from phasegate.worker.own_successors import OwnSuccessors
 from phasegate.worker.parsing import Poison, parse
 from phasegate.worker.poison import Quarantine
 from phasegate.worker.transition_config import TransitionConfig, retry_delay_s
@@ -124,6 +125,7 @@ class PhaseTransition:
         self.emitter = Emitter(store=store, queue=queue, faults=faults,
                                sent_lease=self.leases.sent, mark_sent=mark_sent, sender=sender)
         self.emit = self.emitter.emit
+        self.own_successors = OwnSuccessors(self.continuation.lease_s)
         self._stopping = stopping
         # The side parts of the path, each in its own module.
         self.poison = Quarantine(store=store, dlq=dlq, worker_id=config.worker_id,
@@ -169,6 +171,10 @@ class PhaseTransition:
     async def check_and_run(self, message: Received, envelope: Envelope,
                             workflow: Workflow) -> Settlement:
         quarantine = self.poison.quarantine
+        # A message this worker sent after its own commit: checked from memory.
+        hop = self.own_successors.take(envelope, message.body)
+        if hop is not None:
+            return await self.run(hop.envelope, workflow, hop.phase, hop.position, hop.state)
         if envelope.kind == "deadline":  # a race's deadline fell due (race_deadline.py)
             ended = await expire_race(self.store, envelope)
             await asyncio.gather(*(self.emit(row) for row in ended.outbox))
@@ -417,6 +423,8 @@ class PhaseTransition:
             # request is under way, so building the delete's request does not hold the send's
             # up (the wait between two phases on LocalStack: 1.22x the floor with both started
             # together, 1.12x before, when the send had a head start by accident).
+            if sent_leased:
+                self.own_successors.remember(successor, body, position, commit)
             issued: asyncio.Future[None] = self.deadlines.event_loop().create_future()
             sending = self._durable(
                 self.emitter.leased(successor, body, commit_started, issued) if outbox_id is None

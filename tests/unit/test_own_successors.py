@@ -1,0 +1,77 @@
+"""The successors a worker sent, kept to run from memory when they come back
+(worker/own_successors.py): taken once, only for the body sent, within half the lease, and
+within a count and a size."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from phasegate.envelope import phase_message, state_hash
+from phasegate.store import PhaseCommit, RunPosition
+from phasegate.worker.own_successors import OwnSuccessors
+
+
+def _sent(n: int, state: str = '{"n": 1}') -> tuple:
+    wid = f"wf_{n:024x}"
+    successor = phase_message(wid, "w", 1, "b")
+    position = RunPosition(wid, "w", "running", 0, 0, "a", 1, "{}", 2, 0, None, None, None,
+                           '{"saved": 1}', signal_json='"hello"')
+    commit = PhaseCommit(workflow_id=wid, branch="main", seq=0, phase="a", schema_version=1,
+                         state_json=state, state_hash=state_hash(state), next_phase="b",
+                         status="running", worker_id="w1")
+    return successor, successor.to_json(), position, commit
+
+
+def test_a_kept_successor_is_taken_once_as_its_commit_left_the_run() -> None:
+    kept = OwnSuccessors(lease_s=30)
+    successor, body, position, commit = _sent(1)
+    kept.remember(successor, body, position, commit)
+    hop = kept.take(successor, body)
+    assert hop is not None
+    assert (hop.phase, hop.state, hop.envelope) == ("b", {"n": 1}, successor)
+    assert (hop.position.next_seq, hop.position.current_phase, hop.position.attempts) == (1, "b", 0)
+    assert (hop.position.state_json, hop.position.state_version) == ('{"n": 1}', 1)
+    # What belonged to seq 0 does not carry over to seq 1.
+    assert hop.position.progress_json is None and hop.position.signal_json is None
+    assert kept.take(successor, body) is None  # a second delivery goes through the load
+    assert len(kept) == 0
+
+
+def test_only_the_body_that_was_sent_is_taken_and_a_mismatch_forgets_it() -> None:
+    kept = OwnSuccessors(lease_s=30)
+    successor, body, position, commit = _sent(1)
+    kept.remember(successor, body, position, commit)
+    assert kept.take(successor, body.replace('"seq":1', '"seq":1 ')) is None
+    assert kept.take(successor, body) is None
+
+
+def test_a_successor_kept_past_half_its_lease_is_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = OwnSuccessors(lease_s=30)
+    successor, body, position, commit = _sent(1)
+    kept.remember(successor, body, position, commit)
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 15.5)
+    assert kept.take(successor, body) is None
+
+
+def test_the_oldest_go_first_past_the_count_or_the_bytes() -> None:
+    kept = OwnSuccessors(lease_s=30, max_kept=2)
+    sent = [_sent(n) for n in range(3)]
+    for item in sent:
+        kept.remember(*item)
+    assert len(kept) == 2
+    assert kept.take(sent[0][0], sent[0][1]) is None
+    assert kept.take(sent[2][0], sent[2][1]) is not None
+
+    big = '{"s": "' + "x" * 1000 + '"}'
+    kept = OwnSuccessors(lease_s=30, max_bytes=2000)
+    sent = [_sent(n, big) for n in range(3)]
+    for item in sent:
+        kept.remember(*item)
+    assert len(kept) == 1 and kept.take(sent[2][0], sent[2][1]) is not None
+    # A state larger than the whole budget is never kept.
+    huge = _sent(9, '{"s": "' + "x" * 3000 + '"}')
+    kept.remember(*huge)
+    assert len(kept) == 0
