@@ -100,7 +100,7 @@ def transition_targets(summary: dict[str, Any], command: str,
             if in_process:
                 counted = per.get(where, {}).get("pg_round_trips_per_transition")
                 add("≤ 1 Postgres round trip per transition (average)",
-                    counted["phasegate"] if counted else None, where, 1.0, "{:.2f}")
+                    counted["phasegate"] if counted else None, where, 1.0, "{:.3f}")
         if not in_process and key + CONTINUED not in per:
             return
         calls = per.get(key, {}).get("sqs_calls_per_transition")
