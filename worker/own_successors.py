@@ -17,13 +17,14 @@ the state it just wrote. So the message is run as a continued hop is, from memor
 - Taken once: a second delivery of the same message goes through the load like any message
   and finds it a duplicate.
 
-Bounded by count and by the bytes of the states kept; the oldest go first.
+Bounded by count and by the bytes kept (the state, the run's input, the body); the oldest
+go first.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from phasegate import metrics
 from phasegate.envelope import Envelope
@@ -63,7 +64,10 @@ class OwnSuccessors:
                  commit: PhaseCommit) -> None:
         """After a leased send's commit: ``position`` as the check read it before ``commit``,
         ``body`` the successor's JSON as sent."""
-        size = len(commit.state_json) + len(body)
+        # What the successor's hop replaces is not kept (the previous state may be 1 MiB).
+        position = replace(position, state_json=None, state_hash=None, progress_json=None,
+                           signal_json=None)
+        size = _size(body, position, commit)
         if size > self._max_bytes:
             return
         self._drop_expired()
@@ -97,4 +101,8 @@ class OwnSuccessors:
     def _forget(self, dedup_id: str) -> None:
         sent = self._sent.pop(dedup_id, None)
         if sent is not None:
-            self._bytes -= len(sent.commit.state_json) + len(sent.body)
+            self._bytes -= _size(sent.body, sent.position, sent.commit)
+
+
+def _size(body: str, position: RunPosition, commit: PhaseCommit) -> int:
+    return len(body) + len(position.input_json or "") + len(commit.state_json)

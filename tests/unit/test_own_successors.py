@@ -5,6 +5,7 @@ within a count and a size."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -74,4 +75,15 @@ def test_the_oldest_go_first_past_the_count_or_the_bytes() -> None:
     # A state larger than the whole budget is never kept.
     huge = _sent(9, '{"s": "' + "x" * 3000 + '"}')
     kept.remember(*huge)
+    assert len(kept) == 0
+
+
+def test_the_previous_state_is_not_kept_and_the_runs_input_counts() -> None:
+    kept = OwnSuccessors(lease_s=30, max_bytes=2000)
+    successor, body, position, commit = _sent(1)
+    # The state the committed phase started from: replaced by the commit's, so not kept.
+    kept.remember(successor, body, replace(position, state_json='"' + "x" * 5000 + '"'), commit)
+    hop = kept.take(successor, body)
+    assert hop is not None and hop.position.state_json == commit.state_json
+    kept.remember(successor, body, replace(position, input_json='"' + "x" * 3000 + '"'), commit)
     assert len(kept) == 0
