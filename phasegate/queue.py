@@ -101,7 +101,7 @@ def _user_agent() -> str:
 
 
 # Fixed once. botocore otherwise builds its User-Agent twice per request, sanitising a dozen
-# components each time: 8-10 % of an SQS call's client CPU (bench/benchmarks_notes.md). It
+# components each time: about 11 % of an SQS call's client CPU (python -m bench.sqs_call_cost). It
 # also names phasegate in CloudTrail's userAgent.
 USER_AGENT = _user_agent()
 
