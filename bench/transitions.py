@@ -63,7 +63,7 @@ from bench.workload import (
 )
 from phasegate.envelope import start_message
 from phasegate.orchestrator.embedded import free_port, local_aws_env
-from phasegate.queue import Outgoing, SqsQueue, create_fifo_queue_pair
+from phasegate.queue import USER_AGENT, Outgoing, SqsQueue, create_fifo_queue_pair
 from phasegate.residency import RegionalStore
 from phasegate.settings import Settings
 from phasegate.sql import queries
@@ -133,6 +133,10 @@ class Env:
     pooler: str = "transaction"
     # ``REHEARSAL`` before each timed run (--rehearsal; off: as results up to ``final4-*``).
     rehearsal: bool = True
+    # The floor's SQS client (--floor-user-agent): "stock", aioboto3's defaults, as a plain
+    # loop has them; "fixed", phasegate's fixed User-Agent (phasegate/queue.py), so the floor
+    # does not pay botocore's per-request User-Agent either.
+    floor_user_agent: str = "stock"
     # Wraps the timed run alone (bench/profile.py counts per-transition work with it).
     around: Callable[[], AbstractContextManager[Any]] | None = None
 
@@ -146,10 +150,10 @@ class Env:
 # -- queues -------------------------------------------------------------------------------------
 
 
-async def _sqs_client(endpoint: str) -> tuple[Any, Any]:
+async def _sqs_client(endpoint: str, user_agent: str | None = None) -> tuple[Any, Any]:
     session = aioboto3.Session()
     manager = session.client("sqs", endpoint_url=endpoint, region_name="us-east-1",
-                             config=Config(max_pool_connections=50))
+                             config=Config(max_pool_connections=50, user_agent=user_agent))
     return manager, await manager.__aenter__()
 
 
@@ -258,7 +262,9 @@ async def run_floor(dsn: str, workload: Workload, env: Env, *,
     if workload.backend == "memory":
         queue, rehearsal = InMemoryFifoQueue(), InMemoryFifoQueue()
     else:
-        manager, client = await _sqs_client(env.endpoint(workload.backend))
+        manager, client = await _sqs_client(
+            env.endpoint(workload.backend),
+            USER_AGENT if env.floor_user_agent == "fixed" else None)
         urls = await create_fifo_queue_pair(client, f"fl-{uuid.uuid4().hex[:10]}")
         queue = SqsFloorQueue(client, urls[0])
         urls = await create_fifo_queue_pair(client, f"fl-{uuid.uuid4().hex[:10]}")
@@ -637,12 +643,14 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 load_window_ms: float | None = None,
                 continuation: bool = True, pooler: str = "transaction",
                 rehearsal: bool = True,
-                history: int = HISTORY_RUNS, cores: str = "shared") -> dict[str, Any]:
+                history: int = HISTORY_RUNS, cores: str = "shared",
+                floor_user_agent: str = "stock") -> dict[str, Any]:
     """Every figure, floor and phasegate alternating; returns the results document."""
     # Dummy credentials for the local SQS server (never AWS): the clients sign requests.
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(server_dsn, private=private_server, history=history).start()
-    env = Env(databases, continuation=continuation, pooler=pooler, rehearsal=rehearsal)
+    env = Env(databases, continuation=continuation, pooler=pooler, rehearsal=rehearsal,
+              floor_user_agent=floor_user_agent)
     if commit_window_ms is not None:
         env.commit_window_ms = commit_window_ms
     env.localstack_endpoint = localstack_endpoint
@@ -677,6 +685,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 "load_window_ms": env.load_window_ms,
                 "continuation": continuation, "pooler": pooler, "history_runs": history,
                 "rehearsal": rehearsal, "cores": split or "shared",
+                "floor_user_agent": floor_user_agent,
                 "machine": machine(),
                 "postgres": await databases.settings(), "summary": summary, "runs": env.runs}
     finally:
@@ -728,6 +737,10 @@ def main() -> None:
                         help="shared (default): Postgres and the benchmark on every CPU; split: "
                         "Postgres on a CPU of its own and the benchmark on the others, as a "
                         "deployment runs them on separate machines")
+    parser.add_argument("--floor-user-agent", choices=("stock", "fixed"), default="stock",
+                        help="the floor's SQS client: stock (default: aioboto3's defaults, "
+                        "botocore's User-Agent built per request) or fixed (phasegate's fixed "
+                        "User-Agent, phasegate/queue.py)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
@@ -743,6 +756,7 @@ def main() -> None:
                                load_window_ms=args.load_window_ms,
                                continuation=args.continuation == "on",
                                pooler=args.pooler, history=args.history,
+                               floor_user_agent=args.floor_user_agent,
                                rehearsal=args.rehearsal == "on", cores=args.cores))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
     RESULTS.mkdir(parents=True, exist_ok=True)
