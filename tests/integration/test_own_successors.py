@@ -6,7 +6,6 @@ instead of one per phase; a run cancelled between the commit and the receive sta
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +13,11 @@ from typing import Any
 from prometheus_client import REGISTRY as METRICS
 
 from bench.common import RoundTripProxy
+from bench.transitions import statement_names
 from phasegate import Context, Workflow
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.settings import Settings
-from phasegate.sql import queries
 from phasegate.workflow import Registry
 from tests.helpers import (
     all_done,
@@ -73,12 +72,6 @@ def _sent_only(settings: Settings, **update: Any) -> Settings:
                                        "visibility_timeout_s": 30, **update})
 
 
-def _load_labels() -> list[str]:
-    """The round-trip proxy's labels (a statement's first 60 characters) of the check."""
-    return [re.sub(r"\s+", " ", queries()[name])[:60]
-            for name in ("load_for_phase", "load_for_phases")]
-
-
 def _own() -> float:
     return METRICS.get_sample_value("phasegate_own_successors_total") or 0.0
 
@@ -112,7 +105,10 @@ async def test_a_run_through_one_worker_loads_once(settings):
             async with running_worker(mode, REGISTRY):
                 await wait_for(lambda wid=wid: all_done(dsn, [wid]), what="done")
             counts = await proxy.counts()
-        loads[leased] = sum(counts.get(f"exec:{label}", 0) for label in _load_labels())
+        names = statement_names()
+        loads[leased] = sum(n for label, n in counts.items()
+                            if label.startswith("exec:") and names.get(label[5:])
+                            in ("load_for_phase", "load_for_phases"))
         assert await _invocations(settings, wid) == dict.fromkeys(FOUR, 1)
         assert _own() - before == (len(FOUR) - 1 if leased else 0)
         rows = await fetch(dsn, "SELECT seq FROM checkpoints WHERE workflow_id = $1 "
