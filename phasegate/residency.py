@@ -176,6 +176,18 @@ class RegionalStore(Store):
         return await super().ensure_run(envelope, schema_version, first_phase,
                                         wanted.classification, wanted.region)
 
+    async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
+                             classification: str = "internal", region: str | None = None
+                             ) -> RunPosition | None:
+        wanted = residency(envelope.classification, envelope.region)
+        self.accepts(wanted)
+        position = await super().start_and_load(envelope, schema_version, first_phase,
+                                                wanted.classification, wanted.region)
+        if position is not None:
+            self._remember(envelope.workflow_id,
+                           Residency(position.classification, position.region))
+        return position
+
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
@@ -301,6 +313,12 @@ class StoreRouter(Store):
     async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
                          classification: str = "internal", region: str | None = None) -> bool:
         return await self.for_region(envelope.region).ensure_run(
+            envelope, schema_version, first_phase)
+
+    async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
+                             classification: str = "internal", region: str | None = None
+                             ) -> RunPosition | None:
+        return await self.for_region(envelope.region).start_and_load(
             envelope, schema_version, first_phase)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,

@@ -53,6 +53,19 @@ class RunPosition:
     signal_json: str | None = None
 
 
+def position_from(row: asyncpg.Record) -> RunPosition:
+    """A row of ``load_for_phase`` (or of a statement returning its columns) as a position."""
+    return RunPosition(
+        workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
+        next_seq=row["next_seq"], base_seq=row["base_seq"],
+        current_phase=row["current_phase"], schema_version=row["schema_version"],
+        input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
+        state_json=row["state"], state_hash=row["state_hash"],
+        state_version=row["state_version"], progress_json=row["progress"],
+        classification=row["classification"], region=row["region"],
+        signal_json=row["signal"])
+
+
 @dataclass(frozen=True)
 class OutboxRow:
     outbox_id: int
@@ -162,6 +175,17 @@ class Store:
             canonical_json(envelope.input), first_phase, classification, region)
         return row is not None
 
+    async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
+                             classification: str = "internal", region: str | None = None
+                             ) -> RunPosition | None:
+        """``ensure_run`` then ``load_for_phase`` for a start message, in one round trip: the
+        run a producer only enqueued is created, and the run is loaded as the load does
+        (migration 0032). Not shared with concurrent loads: a start is one per run."""
+        row = await self.pool.fetchrow(
+            self._q["start_and_load"], envelope.workflow_id, envelope.workflow, schema_version,
+            canonical_json(envelope.input), first_phase, classification, region, envelope.seq)
+        return None if row is None else position_from(row)
+
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
@@ -183,17 +207,7 @@ class Store:
             row = await self.group_load.commit((workflow_id, branch, seq))
         else:
             row = await self.pool.fetchrow(self._q["load_for_phase"], workflow_id, branch, seq)
-        if row is None:
-            return None
-        return RunPosition(
-            workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
-            next_seq=row["next_seq"], base_seq=row["base_seq"],
-            current_phase=row["current_phase"], schema_version=row["schema_version"],
-            input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
-            state_json=row["state"], state_hash=row["state_hash"],
-            state_version=row["state_version"], progress_json=row["progress"],
-            classification=row["classification"], region=row["region"],
-            signal_json=row["signal"])
+        return None if row is None else position_from(row)
 
     async def commit_phase(self, commit: PhaseCommit, successor_body: str | None = None, *,
                            lease: Lease | None = None) -> tuple[datetime, int | None] | None:

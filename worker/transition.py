@@ -189,13 +189,16 @@ class PhaseTransition:
             if taken == "queued":  # its admission writes a new start message
                 log.info("queued")
                 return Settlement(Action.DELETE, "queued")
-        elif envelope.kind == "start":
-            await self.store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
+        # A start creates its run if a producer only enqueued it, in the load's round trip.
         # A branch (phasegate/branches.py) has its own position; main's is the run row.
-        position = await (self.store.load_for_phase(envelope.workflow_id, envelope.branch,
-                                                    envelope.seq)
-                          if envelope.branch == MAIN_BRANCH
-                          else load_branch(self.store, envelope.workflow_id, envelope.branch))
+        if envelope.kind == "start" and workflow.concurrency_key is None:
+            position = await self.store.start_and_load(envelope, workflow.schema_version,
+                                                       workflow.first_phase)
+        elif envelope.branch == MAIN_BRANCH:
+            position = await self.store.load_for_phase(envelope.workflow_id, envelope.branch,
+                                                       envelope.seq)
+        else:
+            position = await load_branch(self.store, envelope.workflow_id, envelope.branch)
         if position is None:
             return await quarantine(message, Poison(
                 "no_run", "phase message for a run that does not exist", envelope.workflow_id))

@@ -11,6 +11,12 @@ VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)
 ON CONFLICT (workflow_id) DO NOTHING
 RETURNING workflow_id;
 
+-- name: start_and_load
+-- A start message's ensure_run and load_for_phase in one round trip (migration 0032): the run
+-- created if a producer only enqueued it, then loaded (a pending run claimed) as
+-- load_for_phase does. $1-$7 as ensure_run's, $8 the message's seq.
+SELECT * FROM phasegate_start_and_load($1, $2, $3, $4::jsonb, $5, $6, $7, $8);
+
 -- name: start_run
 -- The run row and its first message in one statement: a crash can lose neither alone.
 -- $9/$10: the run's classification and region, as in ensure_run.

@@ -84,8 +84,9 @@ async def _invocations(settings: Settings, wid: str) -> dict[str, int]:
 
 async def test_a_run_through_one_worker_loads_once(settings):
     """Four phases through SQS and one worker: the start message is checked against the
-    run (one load), the three successors come back to the worker that sent them and run
-    from memory. With leased sends off, every message is loaded."""
+    run (one load: the start's, start_and_load), the three successors come back to the
+    worker that sent them and run from memory. With leased sends off, every message is
+    loaded."""
     dsn = settings.database_url
     port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     loads = {}
@@ -108,7 +109,7 @@ async def test_a_run_through_one_worker_loads_once(settings):
         names = statement_names()
         loads[leased] = sum(n for label, n in counts.items()
                             if label.startswith("exec:") and names.get(label[5:])
-                            in ("load_for_phase", "load_for_phases"))
+                            in ("load_for_phase", "load_for_phases", "start_and_load"))
         assert await _invocations(settings, wid) == dict.fromkeys(FOUR, 1)
         assert _own() - before == (len(FOUR) - 1 if leased else 0)
         rows = await fetch(dsn, "SELECT seq FROM checkpoints WHERE workflow_id = $1 "
