@@ -1,0 +1,142 @@
+"""What a start message costs before its first phase runs: the run created (if a producer only
+enqueued it) and loaded, as two statements (``ensure_run`` then ``load_for_phase``, the
+release before migration 0032) and as one (``start_and_load``, since 0032).
+
+    python -m bench.start_costs [--starts 200] [--rounds 7]
+
+On a private cluster (bench/common.py), one fresh database at the newest schema, on
+phasegate's own connection (no named statements, each query's description kept: as a worker
+sends them, each its own transaction with ``synchronous_commit`` on), in interleaved rounds,
+for both ways a run starts:
+
+- **producer**: a bare start message; no run row yet, so the insert creates it and the load
+  claims it;
+- **API**: the run row written beforehand (pending, as ``start_run`` leaves it, outside the
+  timing), so the insert does nothing and the load claims it.
+
+Per start: wall, client CPU, the server process's CPU (``/proc/<pid>/schedstat``), WAL bytes
+and round trips (statements sent). Results: bench/results/start-costs-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.common import ROOT, PrivateCluster, machine, write_results
+from bench.statement_costs import WAL_POSITION, WAL_SINCE, _process_cpu_s, fresh_database
+from phasegate.db import connect
+from phasegate.sql import queries
+
+INPUT = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+TWO = "ensure_run, then load_for_phase (two round trips)"
+ONE = "start_and_load (one round trip, migration 0032)"
+PRE_CREATE = ("INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, "
+              "current_phase) SELECT $1 || w, 'wf', 1, $2::jsonb, 'p0' "
+              "FROM generate_series(0, $3 - 1) w")
+
+
+async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dict[str, float]:
+    """``starts`` starts of new runs ``prefix0..``, sent ``how``; per start: wall, client
+    CPU, server CPU (µs), WAL bytes, round trips."""
+    q = queries()
+    connection = await connect(dsn)
+    try:
+        if way == "API":
+            await connection.execute(PRE_CREATE, prefix, INPUT, starts)
+        # Described outside the timing, as a worker's connection has them after its first
+        # start (a run id no start below uses).
+        await connection.fetchrow(q["start_and_load"], "warm", "wf", 1, INPUT, "p0",
+                                  "internal", None, 0)
+        await connection.fetchval(q["ensure_run"], "warm", "wf", 1, INPUT, "p0", "internal",
+                                  None)
+        await connection.fetchrow(q["load_for_phase"], "warm", "main", 0)
+        pid = connection.get_server_pid()
+        wal = await connection.fetchval(WAL_POSITION)
+        server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
+        for i in range(starts):
+            workflow_id = f"{prefix}{i}"
+            if how == ONE:
+                row = await connection.fetchrow(q["start_and_load"], workflow_id, "wf", 1,
+                                                INPUT, "p0", "internal", None, 0)
+            else:
+                await connection.fetchval(q["ensure_run"], workflow_id, "wf", 1, INPUT, "p0",
+                                          "internal", None)
+                row = await connection.fetchrow(q["load_for_phase"], workflow_id, "main", 0)
+            assert row is not None and row["status"] == "running", (how, way, row)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        server = _process_cpu_s(pid) - server
+        wal = await connection.fetchval(WAL_SINCE, wal)
+    finally:
+        await connection.close()
+    return {"wall_us": wall / starts * 1e6, "client_cpu_us": cpu / starts * 1e6,
+            "server_cpu_us": server / starts * 1e6, "wal_bytes": wal / starts,
+            "round_trips": 1.0 if how == ONE else 2.0}
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = PrivateCluster().start()
+    found: dict[str, list[dict[str, float]]] = {}
+    try:
+        dsn = await fresh_database(cluster.dsn)
+        for r in range(args.rounds):
+            # Alternate which goes first, so a drift within a round hits both.
+            order = (TWO, ONE) if r % 2 == 0 else (ONE, TWO)
+            for way in ("producer", "API"):
+                for how in order:
+                    prefix = f"r{r}-{way[0]}-{'1' if how == ONE else '2'}-"
+                    found.setdefault(f"{way}: {how}", []).append(
+                        await _starts(dsn, way, how, args.starts, prefix))
+    finally:
+        cluster.stop()
+    return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
+            "command": "python -m bench.start_costs " + " ".join(sys.argv[1:]),
+            "rounds": found,
+            "medians": {label: {k: statistics.median(r[k] for r in v) for k in v[0]}
+                        for label, v in found.items()},
+            "paired": _paired(found)}
+
+
+def _paired(found: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """One statement over two, per round, median over rounds, for each way a run starts."""
+    paired = {}
+    for way in ("producer", "API"):
+        one, two = found[f"{way}: {ONE}"], found[f"{way}: {TWO}"]
+        paired[way] = {key: statistics.median(o[key] / t[key] for o, t in zip(one, two,
+                                                                              strict=True))
+                       for key in ("wall_us", "client_cpu_us", "server_cpu_us", "wal_bytes")}
+    return paired
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| a start, as a worker sends it (median of rounds) | wall (µs) | client CPU (µs) "
+             "| server CPU (µs) | WAL (bytes) | round trips |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
+              f"{v['server_cpu_us']:.0f} | {v['wal_bytes']:.0f} | {v['round_trips']:.0f} |"
+              for label, v in report["medians"].items()]
+    lines += ["", "| one statement ÷ two, median of per-round ratios | wall | client CPU | "
+              "server CPU | WAL |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {way} | {v['wall_us']:.3f} | {v['client_cpu_us']:.3f} | "
+              f"{v['server_cpu_us']:.3f} | {v['wal_bytes']:.3f} |"
+              for way, v in report["paired"].items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--starts", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    report = asyncio.run(bench(args))
+    path = write_results("start-costs", report)
+    print(markdown(report))
+    print(f"\nresults: {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
