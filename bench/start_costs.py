@@ -1,6 +1,8 @@
 """What a start message costs before its first phase runs: the run created (if a producer only
 enqueued it) and loaded, as two statements (``ensure_run`` then ``load_for_phase``, the
-release before migration 0032) and as one (``start_and_load``, since 0032).
+release before migration 0032) and as one (``start_and_load``, since 0032); for a workflow
+with a concurrency key, created and its slot taken, as two (``ensure_run`` then
+``phasegate_take_slot``, before 0033) and as one (``start_keyed``, since 0033).
 
     python -m bench.start_costs [--starts 200] [--rounds 7]
 
@@ -36,39 +38,49 @@ from phasegate.sql import queries
 INPUT = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 TWO = "ensure_run, then load_for_phase (two round trips)"
 ONE = "start_and_load (one round trip, migration 0032)"
+KEYED_TWO = "keyed: ensure_run, then take_slot (two round trips)"
+KEYED_ONE = "keyed: start_keyed (one round trip, migration 0033)"
+PAIRS = ((ONE, TWO), (KEYED_ONE, KEYED_TWO))
 PRE_CREATE = ("INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, "
               "current_phase) SELECT $1 || w, 'wf', 1, $2::jsonb, 'p0' "
               "FROM generate_series(0, $3 - 1) w")
+TAKE_SLOT = ("SELECT phasegate_take_slot($1, $2, $3, $4::integer, $5, $6, $7, $8::integer, "
+             "$9::double precision)")
+
+
+def _statements(how: str, workflow_id: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """What a worker sends for one start, ``how``: (query, arguments) in order."""
+    q = queries()
+    run = (workflow_id, "wf", 1, INPUT, "p0", "internal", None)
+    # Its own key per run and no limit: every start is admitted, as most are.
+    slot = (f"k-{workflow_id}", None, f"d-{workflow_id}", workflow_id, "{}", None, None)
+    return {
+        TWO: [(q["ensure_run"], run), (q["load_for_phase"], (workflow_id, "main", 0))],
+        ONE: [(q["start_and_load"], (*run, 0))],
+        KEYED_TWO: [(q["ensure_run"], run), (TAKE_SLOT, (workflow_id, "wf", *slot))],
+        KEYED_ONE: [(q["start_keyed"], (*run, *slot))],
+    }[how]
 
 
 async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dict[str, float]:
     """``starts`` starts of new runs ``prefix0..``, sent ``how``; per start: wall, client
     CPU, server CPU (µs), WAL bytes, round trips."""
-    q = queries()
     connection = await connect(dsn)
     try:
         if way == "API":
             await connection.execute(PRE_CREATE, prefix, INPUT, starts)
         # Described outside the timing, as a worker's connection has them after its first
         # start (a run id no start below uses).
-        await connection.fetchrow(q["start_and_load"], "warm", "wf", 1, INPUT, "p0",
-                                  "internal", None, 0)
-        await connection.fetchval(q["ensure_run"], "warm", "wf", 1, INPUT, "p0", "internal",
-                                  None)
-        await connection.fetchrow(q["load_for_phase"], "warm", "main", 0)
+        for query, args in _statements(how, f"warm-{prefix}"):
+            await connection.fetchrow(query, *args)
         pid = connection.get_server_pid()
         wal = await connection.fetchval(WAL_POSITION)
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
         for i in range(starts):
-            workflow_id = f"{prefix}{i}"
-            if how == ONE:
-                row = await connection.fetchrow(q["start_and_load"], workflow_id, "wf", 1,
-                                                INPUT, "p0", "internal", None, 0)
-            else:
-                await connection.fetchval(q["ensure_run"], workflow_id, "wf", 1, INPUT, "p0",
-                                          "internal", None)
-                row = await connection.fetchrow(q["load_for_phase"], workflow_id, "main", 0)
-            assert row is not None and row["status"] == "running", (how, way, row)
+            for query, args in _statements(how, f"{prefix}{i}"):
+                row = await connection.fetchrow(query, *args)
+            assert row is not None and row[0 if how in (KEYED_ONE, KEYED_TWO) else "status"] \
+                in ("running", "pending"), (how, way, row)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server = _process_cpu_s(pid) - server
         wal = await connection.fetchval(WAL_SINCE, wal)
@@ -76,7 +88,7 @@ async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dic
         await connection.close()
     return {"wall_us": wall / starts * 1e6, "client_cpu_us": cpu / starts * 1e6,
             "server_cpu_us": server / starts * 1e6, "wal_bytes": wal / starts,
-            "round_trips": 1.0 if how == ONE else 2.0}
+            "round_trips": float(len(_statements(how, "x")))}
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,13 +97,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         dsn = await fresh_database(cluster.dsn)
         for r in range(args.rounds):
-            # Alternate which goes first, so a drift within a round hits both.
-            order = (TWO, ONE) if r % 2 == 0 else (ONE, TWO)
             for way in ("producer", "API"):
-                for how in order:
-                    prefix = f"r{r}-{way[0]}-{'1' if how == ONE else '2'}-"
-                    found.setdefault(f"{way}: {how}", []).append(
-                        await _starts(dsn, way, how, args.starts, prefix))
+                for k, (one, two) in enumerate(PAIRS):
+                    # Alternate which goes first, so a drift within a round hits both.
+                    for how in ((two, one) if r % 2 == 0 else (one, two)):
+                        prefix = f"r{r}-{way[0]}-{k}-{'1' if how == one else '2'}-"
+                        found.setdefault(f"{way}: {how}", []).append(
+                            await _starts(dsn, way, how, args.starts, prefix))
     finally:
         cluster.stop()
     return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
@@ -106,10 +118,11 @@ def _paired(found: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, flo
     """One statement over two, per round, median over rounds, for each way a run starts."""
     paired = {}
     for way in ("producer", "API"):
-        one, two = found[f"{way}: {ONE}"], found[f"{way}: {TWO}"]
-        paired[way] = {key: statistics.median(o[key] / t[key] for o, t in zip(one, two,
-                                                                              strict=True))
-                       for key in ("wall_us", "client_cpu_us", "server_cpu_us", "wal_bytes")}
+        for one_how, two_how in PAIRS:
+            one, two = found[f"{way}: {one_how}"], found[f"{way}: {two_how}"]
+            paired[f"{way}: {one_how.split(' (')[0]}"] = {
+                key: statistics.median(o[key] / t[key] for o, t in zip(one, two, strict=True))
+                for key in ("wall_us", "client_cpu_us", "server_cpu_us", "wal_bytes")}
     return paired
 
 

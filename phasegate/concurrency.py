@@ -4,10 +4,12 @@ rate=(M, seconds))``.
 At most N runs with the same (workflow, key) are past their start at once; later starts wait
 in Postgres as ``queued`` and are admitted in start order as runs end. Every decision is made
 inside the transaction that takes or frees a slot (migration 0011): a keyed start calls
-``phasegate_take_slot``; a run's end, whatever statement ends it (a phase commit, a failed
-attempt, a halt, a cancel), fires the ``workflow_runs_free_slot`` trigger, which admits the
-next queued run and puts its start message in the outbox. The worker that freed the slot
-sends that message (``admitted_by``); the relay sends it if that worker dies first.
+``phasegate_take_slot`` (through ``phasegate_start_keyed``, which first creates the run a
+producer only enqueued: one round trip, migration 0033); a run's end, whatever statement ends
+it (a phase commit, a failed attempt, a halt, a cancel), fires the ``workflow_runs_free_slot``
+trigger, which admits the next queued run and puts its start message in the outbox. The
+worker that freed the slot sends that message (``admitted_by``); the relay sends it if that
+worker dies first.
 
 A rate limit (migration 0014) is decided in the same function: at most M admissions of the
 key in any window of ``seconds``; when the rate is spent, the head of the queue gets a start
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import queries
-from phasegate.store import OutboxRow, Store
+from phasegate.store import OutboxRow, Slot, Store
 
 if TYPE_CHECKING:
     from phasegate.workflow import Workflow
@@ -116,13 +118,14 @@ async def start(store: Store, envelope: Envelope, workflow: Workflow) -> str | R
         key = key_for(workflow, input)
     except ConcurrencyKeyError as exc:
         return Refused(str(exc))
-    await store.ensure_run(envelope, workflow.schema_version, workflow.first_phase)
     admit = admission_message(envelope)
     rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
-    status: str | None = await store.pool.fetchval(
-        q["take_slot"], envelope.workflow_id, workflow.name, key, workflow.max_concurrency,
-        admission_dedup_id(envelope.workflow_id), admit.group_id, admit.to_json(), rate,
-        window_s)
+    # The run created if a producer only enqueued it, and its slot taken, in one round trip.
+    status = await store.start_keyed(
+        envelope, workflow.schema_version, workflow.first_phase,
+        Slot(key=key, limit=workflow.max_concurrency,
+             dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
+             body=admit.to_json(), rate=rate, window_s=window_s))
     return status or "missing"
 
 

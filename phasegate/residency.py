@@ -45,6 +45,7 @@ from phasegate.store import (
     OutboxRow,
     PhaseCommit,
     RunPosition,
+    Slot,
     Store,
     StoreError,
 )
@@ -188,6 +189,14 @@ class RegionalStore(Store):
                            Residency(position.classification, position.region))
         return position
 
+    async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
+                          slot: Slot, classification: str = "internal",
+                          region: str | None = None) -> str | None:
+        wanted = residency(envelope.classification, envelope.region)
+        self.accepts(wanted)
+        return await super().start_keyed(envelope, schema_version, first_phase, slot,
+                                         wanted.classification, wanted.region)
+
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
@@ -320,6 +329,12 @@ class StoreRouter(Store):
                              ) -> RunPosition | None:
         return await self.for_region(envelope.region).start_and_load(
             envelope, schema_version, first_phase)
+
+    async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
+                          slot: Slot, classification: str = "internal",
+                          region: str | None = None) -> str | None:
+        return await self.for_region(envelope.region).start_keyed(
+            envelope, schema_version, first_phase, slot)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,

@@ -67,6 +67,20 @@ def position_from(row: asyncpg.Record) -> RunPosition:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """What a keyed workflow's start asks of its key (``phasegate_take_slot``): the key, the
+    limits, and the message that wakes the run if it has to wait for admission."""
+
+    key: str
+    limit: int | None
+    dedup_id: str
+    group_id: str
+    body: str
+    rate: int | None
+    window_s: float | None
+
+
+@dataclass(frozen=True)
 class OutboxRow:
     outbox_id: int
     dedup_id: str
@@ -185,6 +199,17 @@ class Store:
             self._q["start_and_load"], envelope.workflow_id, envelope.workflow, schema_version,
             canonical_json(envelope.input), first_phase, classification, region, envelope.seq)
         return None if row is None else position_from(row)
+
+    async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
+                          slot: Slot, classification: str = "internal",
+                          region: str | None = None) -> str | None:
+        """``ensure_run`` then ``take_slot`` for a keyed workflow's start, in one round trip
+        (migration 0033): the run's status after the decision, None if it does not exist."""
+        status: str | None = await self.pool.fetchval(
+            self._q["start_keyed"], envelope.workflow_id, envelope.workflow, schema_version,
+            canonical_json(envelope.input), first_phase, classification, region, slot.key,
+            slot.limit, slot.dedup_id, slot.group_id, slot.body, slot.rate, slot.window_s)
+        return status
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,

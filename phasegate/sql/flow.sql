@@ -2,13 +2,6 @@
 -- (phasegate/schedules.py, orchestrator/scheduler.py). Schema: migration 0011. The decisions
 -- themselves are the plpgsql functions of 0011, so each is one round trip and one transaction.
 
--- name: take_slot
--- A keyed workflow's start: queued, or admitted (pending) when a slot is free; NULL when the
--- run does not exist. $4: max_concurrency (NULL: none); $5-$7: the message that admits the
--- run later, if it has to wait; $8/$9: the rate limit, N per seconds (NULL: none; 0014).
-SELECT phasegate_take_slot($1, $2, $3, $4::integer, $5, $6, $7, $8::integer,
-                           $9::double precision) AS status;
-
 -- name: run_input
 -- The input of a run the API created (its start message carries none).
 SELECT input::text FROM workflow_runs WHERE workflow_id = $1;

@@ -17,6 +17,13 @@ RETURNING workflow_id;
 -- load_for_phase does. $1-$7 as ensure_run's, $8 the message's seq.
 SELECT * FROM phasegate_start_and_load($1, $2, $3, $4::jsonb, $5, $6, $7, $8);
 
+-- name: start_keyed
+-- A keyed workflow's start (phasegate/concurrency.py): ensure_run and flow.sql's take_slot in
+-- one round trip (migration 0033). $1-$7 as ensure_run's; $8-$14 as take_slot's $3-$9. The
+-- run's status after the decision; NULL when the run does not exist.
+SELECT phasegate_start_keyed($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9::integer, $10, $11, $12,
+                             $13::integer, $14::double precision) AS status;
+
 -- name: start_run
 -- The run row and its first message in one statement: a crash can lose neither alone.
 -- $9/$10: the run's classification and region, as in ensure_run.

@@ -39,7 +39,7 @@ TRANSITIONS = RUNS * 3
 _WS = re.compile(r"\s+")
 # Statements of the features under test: a plain transition must run none of them.
 FEATURE_FILES = ("flow.sql", "signals.sql")
-FEATURE_QUERIES = ("room_entry", "room_checkpoint", "room_settle_run")
+FEATURE_QUERIES = ("room_entry", "room_checkpoint", "room_settle_run", "start_keyed")
 
 
 def _names() -> dict[str, str]:

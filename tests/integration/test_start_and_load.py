@@ -32,6 +32,15 @@ async def only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     return {**state, "done": True}
 
 
+keyed = Workflow("start-keyed", schema_version=1,
+                 concurrency_key=lambda input: str(input["tenant"]), max_concurrency=2)
+
+
+@keyed.phase("only")
+async def keyed_only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "done": True}
+
+
 def _executed(counts: dict[str, int]) -> dict[str, int]:
     """Executions by query name (the proxy labels a statement by its first characters)."""
     names = statement_names()
@@ -69,6 +78,37 @@ async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> 
     assert {r["workflow_id"]: (json.loads(r["input"]), r["next_seq"]) for r in rows} == {
         **{f"bare-{i}": ({"i": i}, 1) for i in range(3)},
         **{workflow_id: ({"api": i}, 1) for i, workflow_id in enumerate(api_ids)}}
+
+
+async def test_a_keyed_start_creates_its_run_and_takes_its_slot_in_one_round_trip(
+        settings) -> None:
+    """A workflow with a concurrency key: the run created and its slot taken by one statement
+    (migration 0033), then the load and the commit; the API's start reads the input first
+    (the key is computed from it), one more."""
+    dsn = settings.database_url
+    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    producer_ids = [f"keyed-{i}" for i in range(2)]
+    for i, workflow_id in enumerate(producer_ids):
+        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
+                                  "workflow": "start-keyed", "input": {"tenant": i}},
+                       group=workflow_id)
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        api_id = (await start_workflow(store, queue, workflow=keyed,
+                                       input={"tenant": "t"})).workflow_id
+    with RoundTripProxy(upstream_port=port) as proxy:
+        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+        worker_settings = settings.model_copy(update={"database_url": proxied})
+        async with running_worker(worker_settings, Registry([keyed])):
+            await wait_for(lambda: all_done(dsn, [*producer_ids, api_id]), what="runs done")
+        executed = _executed(await proxy.counts())
+    assert executed.get("start_keyed") == 3, executed
+    assert "ensure_run" not in executed and "start_and_load" not in executed, executed
+    assert executed.get("load_for_phase", 0) + executed.get("load_for_phases", 0) >= 1
+    rows = await fetch(dsn, "SELECT workflow_id, concurrency_key, status FROM workflow_runs "
+                            "ORDER BY workflow_id")
+    assert {r["workflow_id"]: (r["concurrency_key"], r["status"]) for r in rows} == {
+        "keyed-0": ("0", "completed"), "keyed-1": ("1", "completed"),
+        api_id: ("t", "completed")}
 
 
 async def test_a_second_start_of_a_finished_run_changes_nothing(settings) -> None:
