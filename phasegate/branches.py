@@ -63,7 +63,7 @@ from phasegate.envelope import (
     canonical_json,
 )
 from phasegate.sql import queries
-from phasegate.store import OutboxRow, PhaseCommit, RunPosition
+from phasegate.store import OutboxRow, PhaseCommit, RunPosition, position_fields
 from phasegate.waits import MAX_WAIT_S
 from phasegate.workflow import NonRetryableError
 
@@ -280,12 +280,7 @@ async def load_branch(store: Store, workflow_id: str, branch: str) -> BranchPosi
         await store.pool.fetchval(sql()["branch_orphaned"], workflow_id, branch)
         log.info("branch_orphaned", branch=branch)
     return BranchPosition(
-        workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
-        next_seq=row["next_seq"], base_seq=row["base_seq"],
-        current_phase=row["current_phase"], schema_version=row["schema_version"],
-        input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
-        state_json=row["state"], state_hash=row["state_hash"],
-        state_version=row["state_version"], progress_json=row["progress"],
+        **position_fields(row),
         branch=branch, fork_seq=row["fork_seq"], parent_branch=row["parent_branch"],
         depth=row["depth"], mode=row["mode"],
         merge_phase=row["merge_phase"], win_tier=row["win_tier"])

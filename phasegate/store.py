@@ -53,17 +53,21 @@ class RunPosition:
     signal_json: str | None = None
 
 
+def position_fields(row: asyncpg.Record) -> dict[str, Any]:
+    """The columns every read of a position returns (``load_for_phase``'s, a branch's
+    ``load_branch``), by ``RunPosition`` field."""
+    return {"workflow_id": row["workflow_id"], "workflow": row["workflow"],
+            "status": row["status"], "next_seq": row["next_seq"], "base_seq": row["base_seq"],
+            "current_phase": row["current_phase"], "schema_version": row["schema_version"],
+            "input_json": row["input"], "attempts": row["attempts"], "epoch": row["epoch"],
+            "state_json": row["state"], "state_hash": row["state_hash"],
+            "state_version": row["state_version"], "progress_json": row["progress"]}
+
+
 def position_from(row: asyncpg.Record) -> RunPosition:
     """A row of ``load_for_phase`` (or of a statement returning its columns) as a position."""
-    return RunPosition(
-        workflow_id=row["workflow_id"], workflow=row["workflow"], status=row["status"],
-        next_seq=row["next_seq"], base_seq=row["base_seq"],
-        current_phase=row["current_phase"], schema_version=row["schema_version"],
-        input_json=row["input"], attempts=row["attempts"], epoch=row["epoch"],
-        state_json=row["state"], state_hash=row["state_hash"],
-        state_version=row["state_version"], progress_json=row["progress"],
-        classification=row["classification"], region=row["region"],
-        signal_json=row["signal"])
+    return RunPosition(**position_fields(row), classification=row["classification"],
+                       region=row["region"], signal_json=row["signal"])
 
 
 @dataclass(frozen=True)
