@@ -41,6 +41,8 @@ from phasegate.store import Store
 RUN_DEADLINE_S = 600
 VISIBILITY_S = 10
 HEARTBEAT_S = 3
+# Short polls against moto (quickstart.md says the same): see the workers' environment below.
+WAIT_TIME_S = 1
 
 
 class Display:
@@ -162,12 +164,20 @@ async def progress_lines(connection: asyncpg.Connection, total: int, fleet: Flee
 
 
 def phase_outcomes(log_dir: Path) -> Counter[str]:
-    """The canonical per-phase log lines the workers wrote, counted by outcome."""
+    """The canonical per-phase log lines the workers wrote, counted by outcome. Each line is
+    read as JSON: the workers' encoder writes it compact (``"event":"phase"``), and a line
+    that is not JSON (a traceback, a partial last line) is skipped."""
     outcomes = Counter[str]()
     for path in log_dir.glob("worker-*.log"):
         for line in path.read_text(errors="replace").splitlines():
-            if '"event": "phase"' in line:
-                outcomes[json.loads(line).get("outcome", "?")] += 1
+            if '"phase"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == "phase":
+                outcomes[str(entry.get("outcome", "?"))] += 1
     return outcomes
 
 
@@ -244,7 +254,10 @@ async def demo_main(*, runs: int, workers: int, kill: bool, display: Display,
            "PHASEGATE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
            "PHASEGATE_HEARTBEAT_S": str(HEARTBEAT_S), "PHASEGATE_SHUTDOWN_GRACE_S": "5",
            "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_LOG_FORMAT": "json",
-           "PHASEGATE_RELAY_AFTER_S": "3"}
+           "PHASEGATE_RELAY_AFTER_S": "3",
+           # moto's long poll keeps the FIFO groups it saw in flight when it began: a group
+           # freed meanwhile (a killed worker's run, once rescued) waits out the whole poll.
+           "PHASEGATE_WAIT_TIME_S": str(WAIT_TIME_S)}
     fleet = Fleet(env, fleet_dir)
     try:
         fleet.start_control()
