@@ -169,17 +169,10 @@ class RegionalStore(Store):
 
     # -- starts
 
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
-                         classification: str = "internal", region: str | None = None) -> bool:
-        # The residency comes from the envelope and is checked against this store's region.
-        wanted = residency(envelope.classification, envelope.region)
-        self.accepts(wanted)
-        return await super().ensure_run(envelope, schema_version, first_phase,
-                                        wanted.classification, wanted.region)
-
     async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
                              classification: str = "internal", region: str | None = None
                              ) -> RunPosition | None:
+        # The residency comes from the envelope and is checked against this store's region.
         wanted = residency(envelope.classification, envelope.region)
         self.accepts(wanted)
         position = await super().start_and_load(envelope, schema_version, first_phase,
@@ -318,11 +311,6 @@ class StoreRouter(Store):
     async def ping(self) -> None:
         for store in self.stores.values():
             await store.ping()
-
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
-                         classification: str = "internal", region: str | None = None) -> bool:
-        return await self.for_region(envelope.region).ensure_run(
-            envelope, schema_version, first_phase)
 
     async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
                              classification: str = "internal", region: str | None = None

@@ -185,19 +185,11 @@ class Store:
 
     # -- runs
 
-    async def ensure_run(self, envelope: Envelope, schema_version: int, first_phase: str,
-                         classification: str = "internal", region: str | None = None) -> bool:
-        """Create the run a start message names, if it does not exist. True if created."""
-        row = await self.pool.fetchval(
-            self._q["ensure_run"], envelope.workflow_id, envelope.workflow, schema_version,
-            canonical_json(envelope.input), first_phase, classification, region)
-        return row is not None
-
     async def start_and_load(self, envelope: Envelope, schema_version: int, first_phase: str,
                              classification: str = "internal", region: str | None = None
                              ) -> RunPosition | None:
-        """``ensure_run`` then ``load_for_phase`` for a start message, in one round trip: the
-        run a producer only enqueued is created, and the run is loaded as the load does
+        """A start message's run created if a producer only enqueued it (queries.sql's
+        ``ensure_run``), then loaded as ``load_for_phase`` loads it, in one round trip
         (migration 0032). Not shared with concurrent loads: a start is one per run."""
         row = await self.pool.fetchrow(
             self._q["start_and_load"], envelope.workflow_id, envelope.workflow, schema_version,
@@ -207,8 +199,9 @@ class Store:
     async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
                           slot: Slot, classification: str = "internal",
                           region: str | None = None) -> str | None:
-        """``ensure_run`` then ``take_slot`` for a keyed workflow's start, in one round trip
-        (migration 0033): the run's status after the decision, None if it does not exist."""
+        """A keyed workflow's start: its run created as ``start_and_load`` creates it, then
+        its slot taken (``phasegate_take_slot``), in one round trip (migration 0033). The
+        run's status after the decision; None if it does not exist."""
         status: str | None = await self.pool.fetchval(
             self._q["start_keyed"], envelope.workflow_id, envelope.workflow, schema_version,
             canonical_json(envelope.input), first_phase, classification, region, slot.key,

@@ -45,7 +45,7 @@ class PhaseTimeout(Exception):
 def refused_start(envelope: Envelope, workflow: Workflow) -> tuple[str, str] | None:
     """(code, detail) when a start message must not create its run; None when it may.
 
-    Checked in full before the run is created (``start_and_load``, ``ensure_run``): a start
+    Checked in full before the run is created (``start_and_load``, ``start_keyed``): a start
     quarantined after its row was written would leave a ``running`` run with no message to
     wake it."""
     if envelope.branch != MAIN_BRANCH:

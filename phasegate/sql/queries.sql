@@ -4,7 +4,9 @@
 
 -- name: ensure_run
 -- A start message from any producer creates its run; a second start is a no-op. The run's
--- classification ($6) and region ($7, NULL: the default store) are fixed here for good.
+-- classification ($6) and region ($7, NULL: the default store) are fixed here for good. A
+-- worker runs this insert inside start_and_load or start_keyed (below); alone, it is what the
+-- benchmarks time those against (bench/start_costs.py) and how they seed runs.
 INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
                            classification, region)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)

@@ -24,7 +24,7 @@ from phasegate.residency import (
     residency,
     stores_from_settings,
 )
-from phasegate.store import PhaseCommit, create_pool
+from phasegate.store import PhaseCommit, Slot, create_pool
 from phasegate.workflow import Registry
 from tests.conftest import throwaway_database
 from tests.helpers import (
@@ -155,9 +155,14 @@ async def test_a_write_to_the_wrong_store_is_refused_by_the_store_layer(settings
         eu_start = start_message("direct-1", "resident", {}).model_copy(
             update={"classification": "regulated", "region": "eu"})
         with pytest.raises(ResidencyError, match="cannot be written"):
-            await default.ensure_run(eu_start, 1, "collect")
+            await default.start_and_load(eu_start, 1, "collect")
         with pytest.raises(ResidencyError, match="cannot be written"):
-            await eu.ensure_run(start_message("direct-2", "resident", {}), 1, "collect")
+            await eu.start_and_load(start_message("direct-2", "resident", {}), 1, "collect")
+        # So does a keyed start, which creates its run and takes a slot (0033).
+        with pytest.raises(ResidencyError, match="cannot be written"):
+            await default.start_keyed(eu_start, 1, "collect", Slot(
+                key="k", limit=1, dedup_id="d", group_id=eu_start.group_id, body="{}",
+                rate=None, window_s=None))
         # A database holding a run of another region (a DSN mapped to the wrong region) is
         # caught by the region check, not just by the run's absence.
         mislabelled = RegionalStore(eu.pool, "us", strict=True)
