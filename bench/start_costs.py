@@ -1,8 +1,8 @@
 """What a start message costs before its first phase runs: the run created (if a producer only
 enqueued it) and loaded, as two statements (``ensure_run`` then ``load_for_phase``, the
 release before migration 0032) and as one (``start_and_load``, since 0032); for a workflow
-with a concurrency key, created and its slot taken, as two (``ensure_run`` then
-``phasegate_take_slot``, before 0033) and as one (``start_keyed``, since 0033).
+with a concurrency key, created, its slot taken and loaded, as two (``start_keyed`` then
+``load_for_phase``, migration 0033) and as one (``start_keyed_and_load``, since 0034).
 
     python -m bench.start_costs [--starts 200] [--rounds 7]
 
@@ -38,15 +38,12 @@ from phasegate.sql import queries
 INPUT = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 TWO = "ensure_run, then load_for_phase (two round trips)"
 ONE = "start_and_load (one round trip, migration 0032)"
-KEYED_TWO = "keyed: ensure_run, then take_slot (two round trips)"
-KEYED_ONE = "keyed: start_keyed (one round trip, migration 0033)"
+KEYED_TWO = "keyed: start_keyed, then load_for_phase (two round trips)"
+KEYED_ONE = "keyed: start_keyed_and_load (one round trip, migration 0034)"
 PAIRS = ((ONE, TWO), (KEYED_ONE, KEYED_TWO))
 PRE_CREATE = ("INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, "
               "current_phase) SELECT $1 || w, 'wf', 1, $2::jsonb, 'p0' "
               "FROM generate_series(0, $3 - 1) w")
-TAKE_SLOT = ("SELECT phasegate_take_slot($1, $2, $3, $4::integer, $5, $6, $7, $8::integer, "
-             "$9::double precision)")
-
 
 def _statements(how: str, workflow_id: str,
                 q: dict[str, str]) -> list[tuple[str, tuple[Any, ...]]]:
@@ -58,8 +55,9 @@ def _statements(how: str, workflow_id: str,
     return {
         TWO: [(q["ensure_run"], run), (q["load_for_phase"], (workflow_id, "main", 0))],
         ONE: [(q["start_and_load"], (*run, 0))],
-        KEYED_TWO: [(q["ensure_run"], run), (TAKE_SLOT, (workflow_id, "wf", *slot))],
-        KEYED_ONE: [(q["start_keyed"], (*run, *slot))],
+        KEYED_TWO: [(q["start_keyed"], (*run, *slot)),
+                    (q["load_for_phase"], (workflow_id, "main", 0))],
+        KEYED_ONE: [(q["start_keyed_and_load"], (*run, *slot, 0))],
     }[how]
 
 
@@ -81,8 +79,7 @@ async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dic
         for i in range(starts):
             for query, args in _statements(how, f"{prefix}{i}", q):
                 row = await connection.fetchrow(query, *args)
-            assert row is not None and row[0 if how in (KEYED_ONE, KEYED_TWO) else "status"] \
-                in ("running", "pending"), (how, way, row)
+            assert row is not None and row["status"] == "running", (how, way, row)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server = _process_cpu_s(pid) - server
         wal = await connection.fetchval(WAL_SINCE, wal)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import structlog
 from phasegate.access import ReadPolicy
 from phasegate.envelope import dedup_id, message_group_id, phase_message
 from phasegate.orchestrator.starter import StartError, start_workflow
-from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views
+from phasegate.orchestrator.views import Conflict, Invalid, NotFound, Run, Views, run_from_row
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import DEFAULT_REGION, RegionalStore, StoreRouter
 from phasegate.signals import (
@@ -122,7 +123,8 @@ class Control:
 
     def __init__(self, pool: asyncpg.Pool, queue: Queue | None, registry: Registry | None,
                  *, actor: str | None = None, read_policy: ReadPolicy | None = None,
-                 stores: StoreRouter | None = None) -> None:
+                 stores: StoreRouter | None = None,
+                 mark_sent: Callable[[int], None] | None = None) -> None:
         self.pool = pool
         self.queue = queue
         self.registry = registry or Registry()
@@ -135,6 +137,10 @@ class Control:
         self.store: Store = stores if stores is not None else RegionalStore(pool)
         self._scoped: dict[str, Control] = {}
         self._q = queries("control.sql")
+        # Outbox rows of messages this control plane sent, marked by a batch of the
+        # orchestrator's rather than in the request (``start_workflow``). One store only: the
+        # batch's task does not know which store a request was routed to.
+        self.mark_sent = mark_sent if stores is None else None
 
     def acting_as(self, actor: str) -> Control:
         """This control plane with ``actor`` recorded on its actions and reads (the API's
@@ -142,7 +148,8 @@ class Control:
         if actor == self.actor:
             return self
         return Control(self.pool, self.queue, self.registry, actor=actor,
-                       read_policy=self.read_policy, stores=self.stores)
+                       read_policy=self.read_policy, stores=self.stores,
+                       mark_sent=self.mark_sent)
 
     def in_store(self, store: RegionalStore) -> Control:
         """This control plane over one regional store (the default store: itself)."""
@@ -179,9 +186,12 @@ class Control:
         try:
             started = await start_workflow(self.store, self.queue, workflow=workflow,
                                            input=input, workflow_id=workflow_id,
-                                           classification=classification, region=region)
+                                           classification=classification, region=region,
+                                           mark_sent=self.mark_sent)
         except StartError as exc:
             raise Invalid(str(exc)) from None
+        if started.run is not None:  # created: the run as its insert returned it
+            return run_from_row(started.run), True
         views = self.views
         if self.stores is not None:
             views = self.in_store(self.stores.for_region(region)).views
@@ -328,7 +338,10 @@ class Control:
         except Exception as exc:
             log.warning("control_send_failed_relay_will_send", error=type(exc).__name__)
             return False
-        await self.store.mark_sent([outbox_id])
+        if self.mark_sent is not None:
+            self.mark_sent(outbox_id)
+        else:
+            await self.store.mark_sent([outbox_id])
         return True
 
 

@@ -19,6 +19,7 @@ import structlog
 import uvicorn
 
 from phasegate.access import policy_from
+from phasegate.batcher import MARK_SENT_LINGER_S, MARKS_PER_CALL, MicroBatcher
 from phasegate.db import pool_from_settings
 from phasegate.orchestrator.api import Services, create_app
 from phasegate.orchestrator.auth import Authenticator, authenticator_from
@@ -36,6 +37,9 @@ from phasegate.store import Store
 from phasegate.workflow import Registry
 
 log = structlog.get_logger("phasegate.orchestrator")
+
+# Side tasks that run until cancelled, cancelled once every other task has ended.
+STOPPED_LAST = ("mark_sent",)
 
 
 class _Server(uvicorn.Server):
@@ -142,8 +146,13 @@ class Orchestrator:
             router = store if isinstance(store, StoreRouter) else None
             async with SqsQueue(settings.queue_url or "", endpoint_url=settings.sqs_endpoint_url,
                                 region=settings.aws_region) as queue:
+                # The outbox rows of messages the API sent, marked by a batch of their own
+                # rather than in each request (one store: see Control.mark_sent).
+                marks = MicroBatcher[int](Store(pool).mark_sent, max_size=MARKS_PER_CALL,
+                                          max_concurrent=2, linger_s=MARK_SENT_LINGER_S)
                 control = Control(pool, queue, self.registry, actor="api",
-                                  read_policy=policy_from(settings.read_policy), stores=router)
+                                  read_policy=policy_from(settings.read_policy), stores=router,
+                                  mark_sent=marks.post)
                 app = create_app(Services(control=control, queue=queue, fleet=fleet,
                                           auth=auth,
                                           max_body_bytes=settings.api_max_body_bytes,
@@ -153,7 +162,7 @@ class Orchestrator:
                     app, host=self.options.host, port=self.options.port, log_config=None,
                     access_log=False, lifespan="off"), self._listening)
                 tasks: dict[str, Callable[[], Awaitable[None]]] = {
-                    "api": self._serve}
+                    "api": self._serve, "mark_sent": marks.run}
                 if self.options.relay:
                     self._relay = Relay(store=Store(pool), queue=queue,
                                         after_s=settings.relay_after_s,
@@ -220,7 +229,14 @@ class Orchestrator:
                 log.error("side_task_died", task=tasks[task], error=repr(failure))
                 break
         self.stop()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # The batch of marks runs until cancelled, and only once the API has answered its
+        # last request: its cancel flushes what those requests posted.
+        last = [task for task, name in tasks.items() if name in STOPPED_LAST]
+        await asyncio.gather(*(task for task in tasks if task not in last),
+                             return_exceptions=True)
+        for task in last:
+            task.cancel()
+        await asyncio.gather(*last, return_exceptions=True)
         if failure is not None:
             raise failure
 

@@ -5,6 +5,7 @@ relay sends the start message."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ class Started:
     workflow_id: str
     created: bool
     sent: bool
+    # The run as created (control.sql get_run's columns); None when the id existed.
+    run: dict[str, Any] | None = None
 
 
 def new_workflow_id() -> str:
@@ -39,12 +42,19 @@ def resolve_workflow(registry: Registry | None, name: str) -> Workflow | None:
 
 async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, input: Any,
                          workflow_id: str | None = None, classification: str | None = None,
-                         region: str | None = None) -> Started:
+                         region: str | None = None,
+                         mark_sent: Callable[[int], None] | None = None) -> Started:
     """Create the run (idempotent on ``workflow_id``) and send its start message.
 
     ``classification`` (default internal) and ``region`` (required for sensitive and
     regulated runs) fix the store the run lives in (docs/concepts/governance.md); a region with no
-    configured store is refused before anything is written."""
+    configured store is refused before anything is written.
+
+    ``mark_sent``: takes the sent message's outbox row to mark later (the API's batch of
+    marks, ``MicroBatcher.post``), so the caller does not wait for the mark's round trip;
+    without it the row is marked before this returns. A mark that never happens only lets
+    the relay send the message again after its grace (``PHASEGATE_RELAY_AFTER_S``), under
+    the same deduplication id, as after a crash between the send and the mark."""
     try:
         wanted = residency(classification, region)
     except ResidencyError as exc:
@@ -71,17 +81,20 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
     message = start_message(workflow_id, workflow.name, None).model_copy(
         update={"classification": wanted.classification, "region": wanted.region})
     try:
-        outbox_id = await store.start_run(
+        created = await store.start_run(
             workflow_id=workflow_id, workflow=workflow.name,
             schema_version=workflow.schema_version, input=input,
             first_phase=workflow.first_phase, message=message)
     except ResidencyError as exc:
         raise StartError(str(exc)) from None
-    if outbox_id is None:
+    if created is None:
         return Started(workflow_id, created=False, sent=False)
     try:
         await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
-    except Exception:
-        return Started(workflow_id, created=True, sent=False)  # the relay will send it
-    await store.mark_sent([outbox_id])
-    return Started(workflow_id, created=True, sent=True)
+    except Exception:  # the relay will send it
+        return Started(workflow_id, created=True, sent=False, run=created.run)
+    if mark_sent is not None:
+        mark_sent(created.outbox_id)
+    else:
+        await store.mark_sent([created.outbox_id])
+    return Started(workflow_id, created=True, sent=True, run=created.run)

@@ -4,12 +4,12 @@ rate=(M, seconds))``.
 At most N runs with the same (workflow, key) are past their start at once; later starts wait
 in Postgres as ``queued`` and are admitted in start order as runs end. Every decision is made
 inside the transaction that takes or frees a slot (migration 0011): a keyed start calls
-``phasegate_take_slot`` (through ``phasegate_start_keyed``, which first creates the run a
-producer only enqueued: one round trip, migration 0033); a run's end, whatever statement ends
-it (a phase commit, a failed attempt, a halt, a cancel), fires the ``workflow_runs_free_slot``
-trigger, which admits the next queued run and puts its start message in the outbox. The
-worker that freed the slot sends that message (``admitted_by``); the relay sends it if that
-worker dies first.
+``phasegate_take_slot`` (through ``phasegate_start_keyed_and_load``, which first creates the
+run a producer only enqueued and then loads an admitted run: one round trip, migration 0034); a
+run's end, whatever statement ends it (a phase commit, a failed attempt, a halt, a cancel),
+fires the ``workflow_runs_free_slot`` trigger, which admits the next queued run and puts its
+start message in the outbox. The worker that freed the slot sends that message
+(``admitted_by``); the relay sends it if that worker dies first.
 
 A rate limit (migration 0014) is decided in the same function: at most M admissions of the
 key in any window of ``seconds``; when the rate is spent, the head of the queue gets a start
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import queries
-from phasegate.store import OutboxRow, Slot, Store
+from phasegate.store import OutboxRow, RunPosition, Slot, Store
 
 if TYPE_CHECKING:
     from phasegate.workflow import Workflow
@@ -100,10 +100,13 @@ def admission_dedup_id(workflow_id: str) -> str:
     return hashlib.sha256(f"{workflow_id}:{MAIN_BRANCH}:0:admitted".encode()).hexdigest()
 
 
-async def start(store: Store, envelope: Envelope, workflow: Workflow) -> str | Refused:
-    """A keyed workflow's start message: create the run if needed, then take a slot or queue.
-    Returns the run's status after the decision (``queued``, ``pending``, or what it already
-    was for a redelivered start), or why the start is refused.
+async def start(store: Store, envelope: Envelope, workflow: Workflow
+                ) -> tuple[str, RunPosition | None] | Refused:
+    """A keyed workflow's start message: create the run if needed, then take a slot or queue,
+    and load the run unless it was queued. Returns the run's status after the decision
+    (``queued``, ``pending``, or what it already was for a redelivered start; ``missing``:
+    no run) with the position the load gave (None: queued, or no run), or why the start is
+    refused.
 
     The key is computed before anything is written when the message carries the input; a
     run created by the API (input in the row, validated there with the same function) is
@@ -120,13 +123,14 @@ async def start(store: Store, envelope: Envelope, workflow: Workflow) -> str | R
         return Refused(str(exc))
     admit = admission_message(envelope)
     rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
-    # The run created if a producer only enqueued it, and its slot taken, in one round trip.
-    status = await store.start_keyed(
+    # The run created if a producer only enqueued it, its slot taken and, once admitted, the
+    # run loaded: one round trip.
+    status, position = await store.start_keyed(
         envelope, workflow.schema_version, workflow.first_phase,
         Slot(key=key, limit=workflow.max_concurrency,
              dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
              body=admit.to_json(), rate=rate, window_s=window_s))
-    return status or "missing"
+    return status or "missing", position
 
 
 async def admitted_by(store: Store, workflow_id: str) -> list[OutboxRow]:

@@ -41,6 +41,7 @@ from phasegate.envelope import MAIN_BRANCH, Envelope
 from phasegate.sql import migration_files, queries
 from phasegate.store import (
     ChainLease,
+    CreatedRun,
     Lease,
     OutboxRow,
     PhaseCommit,
@@ -184,16 +185,21 @@ class RegionalStore(Store):
 
     async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
                           slot: Slot, classification: str = "internal",
-                          region: str | None = None) -> str | None:
+                          region: str | None = None) -> tuple[str | None, RunPosition | None]:
         wanted = residency(envelope.classification, envelope.region)
         self.accepts(wanted)
-        return await super().start_keyed(envelope, schema_version, first_phase, slot,
-                                         wanted.classification, wanted.region)
+        taken, position = await super().start_keyed(envelope, schema_version, first_phase,
+                                                     slot, wanted.classification,
+                                                     wanted.region)
+        if position is not None:
+            self._remember(envelope.workflow_id,
+                           Residency(position.classification, position.region))
+        return taken, position
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
-                        ) -> int | None:
+                        ) -> CreatedRun | None:
         wanted = residency(message.classification, message.region)
         self.accepts(wanted)
         return await super().start_run(
@@ -320,14 +326,14 @@ class StoreRouter(Store):
 
     async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
                           slot: Slot, classification: str = "internal",
-                          region: str | None = None) -> str | None:
+                          region: str | None = None) -> tuple[str | None, RunPosition | None]:
         return await self.for_region(envelope.region).start_keyed(
             envelope, schema_version, first_phase, slot)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
-                        ) -> int | None:
+                        ) -> CreatedRun | None:
         return await self.for_region(message.region).start_run(
             workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
             input=input, first_phase=first_phase, message=message)

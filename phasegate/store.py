@@ -95,6 +95,15 @@ class OutboxRow:
     leased: bool = False
 
 
+@dataclass(frozen=True)
+class CreatedRun:
+    """A run ``start_run`` created: its start message's outbox row, and the run as created
+    (the columns of control.sql's ``get_run``)."""
+
+    outbox_id: int
+    run: dict[str, Any]
+
+
 # Marks a leased send's lease holder (worker/continuation.py): a worker id never contains a
 # '/' (settings.py), so the lease tells a sent message from a chain running in its worker.
 SENT_SUFFIX = "/sent"
@@ -198,26 +207,35 @@ class Store:
 
     async def start_keyed(self, envelope: Envelope, schema_version: int, first_phase: str,
                           slot: Slot, classification: str = "internal",
-                          region: str | None = None) -> str | None:
-        """A keyed workflow's start: its run created as ``start_and_load`` creates it, then
-        its slot taken (``phasegate_take_slot``), in one round trip (migration 0033). The
-        run's status after the decision; None if it does not exist."""
-        status: str | None = await self.pool.fetchval(
-            self._q["start_keyed"], envelope.workflow_id, envelope.workflow, schema_version,
-            canonical_json(envelope.input), first_phase, classification, region, slot.key,
-            slot.limit, slot.dedup_id, slot.group_id, slot.body, slot.rate, slot.window_s)
-        return status
+                          region: str | None = None) -> tuple[str | None, RunPosition | None]:
+        """A keyed workflow's start: its run created as ``start_and_load`` creates it, its slot
+        taken (``phasegate_take_slot``) and, unless it was queued, the run loaded as
+        ``load_for_phase`` loads it, in one round trip (migration 0034). The run's status
+        after the slot's decision (None if the run does not exist) and its position (None
+        when queued or not found)."""
+        row = await self.pool.fetchrow(
+            self._q["start_keyed_and_load"], envelope.workflow_id, envelope.workflow,
+            schema_version, canonical_json(envelope.input), first_phase, classification,
+            region, slot.key, slot.limit, slot.dedup_id, slot.group_id, slot.body, slot.rate,
+            slot.window_s, envelope.seq)
+        if row is None:
+            return None, None
+        taken: str | None = row["taken"]
+        return taken, None if row["workflow_id"] is None else position_from(row)
 
     async def start_run(self, *, workflow_id: str, workflow: str, schema_version: int,
                         input: Any, first_phase: str, message: Envelope,
                         classification: str = "internal", region: str | None = None
-                        ) -> int | None:
+                        ) -> CreatedRun | None:
         """Insert the run and its start message in the outbox. None if the id existed."""
-        outbox_id: int | None = await self.pool.fetchval(
+        row = await self.pool.fetchrow(
             self._q["start_run"], workflow_id, workflow, schema_version, canonical_json(input),
             first_phase, message.dedup_id, message.group_id, message.to_json(),
             classification, region)
-        return outbox_id
+        if row is None:
+            return None
+        run = dict(row)
+        return CreatedRun(run.pop("outbox_id"), run)
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
                              seq: int | None = None) -> RunPosition | None:

@@ -13,11 +13,11 @@ import time
 import structlog
 
 from phasegate import concurrency, metrics, tracing
+from phasegate.batcher import MicroBatcher
 from phasegate.envelope import Envelope
 from phasegate.faults import Faults
 from phasegate.queue import Outgoing, Queue
 from phasegate.store import Lease, OutboxRow, Store
-from phasegate.worker.batcher import MicroBatcher
 
 log = structlog.get_logger("phasegate.transition")
 

@@ -20,13 +20,13 @@ import structlog
 
 from phasegate import metrics, redact, tracing
 from phasegate.backoff import Backoff
+from phasegate.batcher import MARK_SENT_LINGER_S, MARKS_PER_CALL, MicroBatcher
 from phasegate.faults import Faults
 from phasegate.limits import SQS_MAX_RECEIVE_BATCH
 from phasegate.queue import Outgoing, Queue, QueueError, Received
 from phasegate.residency import StoreRouter
 from phasegate.settings import Settings
 from phasegate.store import Store
-from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.deletion_cost import updater_from_settings
 from phasegate.worker.emergency import EmergencyController
 from phasegate.worker.heartbeat import extend_leases, extend_visibility
@@ -50,12 +50,6 @@ log = structlog.get_logger("phasegate.worker")
 DURABLE_DRAIN_S = 4.0
 HAND_BACK_S = 2.0
 STOP_FLUSH_S = 2.0
-
-
-# Marking outbox rows sent waits this long to gather a batch: one UPDATE for many transitions
-# even when a single workflow runs, off the transition's path (nothing waits on it). Far below
-# the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
-MARK_SENT_LINGER_S = 0.05
 
 # Retry window (full jitter, phasegate/backoff.py): the n-th retry waits random(0, min(cap,
 # base * 2**n)) seconds; a failing receive backs off further than startup does.
@@ -170,8 +164,8 @@ class Worker:
             assert self.store is not None and self.queue is not None and self.dlq is not None
             deleter = MicroBatcher[str](self.queue.delete)
             releaser = MicroBatcher[tuple[str, int]](self.queue.change_visibility)
-            mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=500, max_concurrent=2,
-                                          linger_s=MARK_SENT_LINGER_S)
+            mark_sent = MicroBatcher[int](self.store.mark_sent, max_size=MARKS_PER_CALL,
+                                          max_concurrent=2, linger_s=MARK_SENT_LINGER_S)
             sender = MicroBatcher[Outgoing](self.queue.send)
             self._delete, self._release = deleter.submit, releaser.submit
             tracing.reset()  # decide once, now, whether the application configured an SDK

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from phasegate import concurrency, metrics, residency, tracing
+from phasegate.batcher import MicroBatcher
 from phasegate.branch_doors import enter as enter_branch_door
 from phasegate.branch_review import ReviewPlan, apply_discards, merge_input
 from phasegate.branches import (
@@ -56,7 +57,6 @@ from phasegate.store import OutboxRow, PhaseCommit, RunPosition, Store
 from phasegate.tiers import PhaseOutcome, decide
 from phasegate.versions import Corrupt, NeedsRestart, load_verified
 from phasegate.waits import Wait
-from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.branch_commits import BranchCommits
 from phasegate.worker.continuation import (
     Chain,
@@ -179,6 +179,7 @@ class PhaseTransition:
             ended = await expire_race(self.store, envelope)
             await asyncio.gather(*(self.emit(row) for row in ended.outbox))
             return Settlement(Action.DELETE, ended.label)
+        position: RunPosition | None
         if envelope.kind == "start" and workflow.concurrency_key is not None:
             taken = await concurrency.start(self.store, envelope, workflow)
             if isinstance(taken, concurrency.Refused):  # nothing was written
@@ -186,12 +187,14 @@ class PhaseTransition:
                     "concurrency_key", taken.reason, envelope.workflow_id))
             if workflow.rate is not None:  # a wake-up may have admitted runs queued before it
                 await self.emitter.admitted(envelope.workflow_id)
-            if taken == "queued":  # its admission writes a new start message
+            status, position = taken
+            if status == "queued":  # its admission writes a new start message
                 log.info("queued")
                 return Settlement(Action.DELETE, "queued")
-        # A start creates its run if a producer only enqueued it, in the load's round trip.
-        # A branch (phasegate/branches.py) has its own position; main's is the run row.
-        if envelope.kind == "start" and workflow.concurrency_key is None:
+        # A start creates its run if a producer only enqueued it, in the load's round trip
+        # (a keyed start's above, with its slot). A branch (phasegate/branches.py) has its
+        # own position; main's is the run row.
+        elif envelope.kind == "start":
             position = await self.store.start_and_load(envelope, workflow.schema_version,
                                                        workflow.first_phase)
         elif envelope.branch == MAIN_BRANCH:

@@ -5,8 +5,8 @@
 -- name: ensure_run
 -- A start message from any producer creates its run; a second start is a no-op. The run's
 -- classification ($6) and region ($7, NULL: the default store) are fixed here for good. A
--- worker runs this insert inside start_and_load or start_keyed (below); alone, it is what the
--- benchmarks time those against (bench/start_costs.py) and how they seed runs.
+-- worker runs this insert inside start_and_load or start_keyed_and_load (below); alone, it is
+-- what the benchmarks time those against (bench/start_costs.py) and how they seed runs.
 INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
                            classification, region)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)
@@ -20,27 +20,39 @@ RETURNING workflow_id;
 SELECT * FROM phasegate_start_and_load($1, $2, $3, $4::jsonb, $5, $6, $7, $8);
 
 -- name: start_keyed
--- A keyed workflow's start (phasegate/concurrency.py): ensure_run and flow.sql's take_slot in
--- one round trip (migration 0033). $1-$7 as ensure_run's; $8-$14 as take_slot's $3-$9. The
+-- A keyed workflow's start as the release before 0034 sent it (bench/start_costs.py):
+-- ensure_run and flow.sql's take_slot in one round trip (migration 0033), the load after it. $1-$7 as ensure_run's; $8-$14 as take_slot's $3-$9. The
 -- run's status after the decision; NULL when the run does not exist.
 SELECT phasegate_start_keyed($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9::integer, $10, $11, $12,
                              $13::integer, $14::double precision) AS status;
 
+-- name: start_keyed_and_load
+-- A keyed workflow's start_keyed and, unless the run was queued, its load_for_phase in one
+-- round trip (migration 0034). $1-$14 as start_keyed's, $15 the message's seq. One row:
+-- `taken` (start_keyed's result) and load_for_phase's columns (NULL when queued or no run).
+SELECT * FROM phasegate_start_keyed_and_load($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9::integer,
+                                             $10, $11, $12, $13::integer,
+                                             $14::double precision, $15);
+
 -- name: start_run
 -- The run row and its first message in one statement: a crash can lose neither alone.
--- $9/$10: the run's classification and region, as in ensure_run.
+-- $9/$10: the run's classification and region, as in ensure_run. No row when the id existed;
+-- else the outbox row's id and the run as created, in control.sql get_run's columns (the
+-- API answers a start with it: no read after the write).
 WITH run AS (
     INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, current_phase,
                                classification, region)
     VALUES ($1, $2, $3, $4::jsonb, $5, $9, $10)
     ON CONFLICT (workflow_id) DO NOTHING
-    RETURNING workflow_id
+    RETURNING workflow_id, workflow, status, next_seq, base_seq, epoch, current_phase,
+              schema_version, tier, tier_label, attempts, error, created_at, updated_at,
+              finished_at, classification, region, due_at, waiting_for
 ), ob AS (
     INSERT INTO outbox (workflow_id, branch, seq, dedup_id, group_id, body)
     SELECT workflow_id, 'main', 0, $6, $7, $8 FROM run
     RETURNING outbox_id
 )
-SELECT (SELECT outbox_id FROM ob) AS outbox_id;
+SELECT ob.outbox_id, run.* FROM run, ob;
 
 -- name: load_for_phase
 -- Check + claim + load in one round trip: the run row (moved pending -> running, or waiting

@@ -24,6 +24,7 @@ from tests.helpers import (
     fetch,
     fetchval,
     make_settings,
+    queue_for,
     settings_env,
     wait_for,
     write_tokens,
@@ -126,3 +127,38 @@ async def test_in_process_orchestrator_without_relay(settings: Settings) -> None
             assert response.status_code == 201
         assert orch._relay is None
     assert await fetchval(dsn, "SELECT count(*) FROM workflow_runs") == 1
+
+
+async def test_a_start_answers_before_its_outbox_row_is_marked(settings: Settings) -> None:
+    """The API's start: the run and its message written, the message sent, and the answer is
+    the run as created (no read after the write). Marking the outbox row sent is left to the
+    orchestrator's batch of marks: every row is marked, in the running orchestrator and by
+    its stop for the starts just before it, and none is sent twice (no relay runs here)."""
+    dsn = settings.database_url or ""
+    options = OrchestratorOptions(host="127.0.0.1", port=0, relay=False,
+                                  exporter_interval_s=0.1)
+    async with running_orchestrator(settings, Registry([workflows.chain]),
+                                    options) as orch, \
+            httpx.AsyncClient(base_url=orch.url) as client:
+        started = [(await client.post("/v1/workflows", json={
+            "workflow": "chain", "input": {"n": i}, "id": f"marked-{i}"})) for i in range(4)]
+        assert [r.status_code for r in started] == [201] * 4
+        created = started[0].json()
+        read = (await client.get("/v1/workflows/marked-0")).json()
+        # The answer carries what a read of the run gives (before any worker took it).
+        assert created == read, (created, read)
+        assert created["status"] == "pending" and created["seq"] == 0
+
+        async def marked() -> bool:
+            return await fetchval(dsn, "SELECT count(*) FROM outbox "
+                                       "WHERE sent_at IS NOT NULL") == 4
+        await wait_for(marked, what="the batch marked the outbox rows")
+        # Started just before the stop: marked by the stop's flush.
+        late = [(await client.post("/v1/workflows", json={
+            "workflow": "chain", "id": f"late-{i}"})).status_code for i in range(3)]
+        assert late == [201] * 3
+    rows = await fetch(dsn, "SELECT workflow_id, sent_at FROM outbox ORDER BY workflow_id")
+    assert [(r["workflow_id"], r["sent_at"] is not None) for r in rows] == [
+        *((f"late-{i}", True) for i in range(3)), *((f"marked-{i}", True) for i in range(4))]
+    async with queue_for(settings) as queue:
+        assert (await queue.depth()).visible == 7  # each start's message, once

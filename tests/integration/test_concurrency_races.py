@@ -37,10 +37,12 @@ def final_commit(workflow_id: str, phase: str) -> PhaseCommit:
 async def start(store: Store, workflow: Workflow, workflow_id: str, tenant: str = "t") -> str:
     """What a worker does with the start message: the run, then its slot or its place."""
     envelope = start_message(workflow_id, workflow.name, {"tenant": tenant})
-    status = await concurrency.start(store, envelope, workflow)
-    assert isinstance(status, str)
-    if status == "pending":
-        assert await store.load_for_phase(workflow_id) is not None  # pending -> running
+    taken = await concurrency.start(store, envelope, workflow)
+    assert not isinstance(taken, concurrency.Refused)
+    status, position = taken
+    # Admitted: loaded by the same statement (pending -> running); queued: not loaded.
+    assert (position is not None and position.status == "running") == (status == "pending"), \
+        (status, position)
     return status
 
 
@@ -152,10 +154,13 @@ async def test_a_start_racing_a_finish_is_admitted_once(database_url, round_):
         results = await held(
             database_url, "single", "t", first.commit_phase(final_commit(a, "only")),
             concurrency.start(second, start_message(s, "single", None), single))
-    assert results[1] in ("pending", "queued")
-    assert await statuses(database_url, [a, s]) == ["completed", "pending"]
-    # Queued first: admitted by the finish, with its own start message; else none needed.
-    assert await admission_rows(database_url, s) == (1 if results[1] == "queued" else 0)
+    decided, _ = results[1]
+    assert decided in ("pending", "queued")
+    # Admitted at its start: loaded by the same statement (running). Queued first: admitted
+    # by the finish (pending), with its own start message; else none needed.
+    assert await statuses(database_url, [a, s]) == [
+        "completed", "running" if decided == "pending" else "pending"]
+    assert await admission_rows(database_url, s) == (1 if decided == "queued" else 0)
     assert await holders(database_url, "single") == 1
 
 

@@ -39,7 +39,8 @@ TRANSITIONS = RUNS * 3
 _WS = re.compile(r"\s+")
 # Statements of the features under test: a plain transition must run none of them.
 FEATURE_FILES = ("flow.sql", "signals.sql")
-FEATURE_QUERIES = ("room_entry", "room_checkpoint", "room_settle_run", "start_keyed")
+FEATURE_QUERIES = ("room_entry", "room_checkpoint", "room_settle_run", "start_keyed",
+                   "start_keyed_and_load")
 
 
 def _names() -> dict[str, str]:

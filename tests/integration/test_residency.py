@@ -158,7 +158,7 @@ async def test_a_write_to_the_wrong_store_is_refused_by_the_store_layer(settings
             await default.start_and_load(eu_start, 1, "collect")
         with pytest.raises(ResidencyError, match="cannot be written"):
             await eu.start_and_load(start_message("direct-2", "resident", {}), 1, "collect")
-        # So does a keyed start, which creates its run and takes a slot (0033).
+        # So does a keyed start, which creates its run, takes a slot and loads it (0034).
         with pytest.raises(ResidencyError, match="cannot be written"):
             await default.start_keyed(eu_start, 1, "collect", Slot(
                 key="k", limit=1, dedup_id="d", group_id=eu_start.group_id, body="{}",

@@ -6,12 +6,14 @@ row yet) and the API's start (row and message written together)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from bench.common import RoundTripProxy
 from bench.transitions import statement_names
 from phasegate import Context, Workflow
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.sql import queries
 from phasegate.workflow import Registry
 from tests.helpers import (
     all_done,
@@ -24,6 +26,7 @@ from tests.helpers import (
     wait_for,
 )
 
+_WS = re.compile(r"\s+")
 single = Workflow("start-load", schema_version=1)
 
 
@@ -41,9 +44,20 @@ async def keyed_only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
     return {**state, "done": True}
 
 
+limited = Workflow("start-limited", schema_version=1,
+                   concurrency_key=lambda input: "one", max_concurrency=1)
+
+
+@limited.phase("only")
+async def limited_only(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "done": True}
+
+
 def _executed(counts: dict[str, int]) -> dict[str, int]:
-    """Executions by query name (the proxy labels a statement by its first characters)."""
-    names = statement_names()
+    """Executions by query name (the proxy labels a statement by its first characters):
+    queries.sql's and flow.sql's."""
+    names = {**statement_names(), **{_WS.sub(" ", sql)[:60]: name
+                                     for name, sql in queries("flow.sql").items()}}
     executed: dict[str, int] = {}
     for label, n in counts.items():
         if label.startswith("exec:"):
@@ -80,11 +94,12 @@ async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> 
         **{workflow_id: ({"api": i}, 1) for i, workflow_id in enumerate(api_ids)}}
 
 
-async def test_a_keyed_start_creates_its_run_and_takes_its_slot_in_one_round_trip(
+async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
         settings) -> None:
-    """A workflow with a concurrency key: the run created and its slot taken by one statement
-    (migration 0033), then the load and the commit; the API's start reads the input first
-    (the key is computed from it), one more."""
+    """A workflow with a concurrency key: the run created, its slot taken and the admitted run
+    loaded by one statement (migration 0034), then the commit; the API's start reads the
+    input first (the key is computed from it), one more. A start over the key's limit is
+    queued by the same statement and loaded by the admission's message once a slot frees."""
     dsn = settings.database_url
     port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     producer_ids = [f"keyed-{i}" for i in range(2)]
@@ -101,14 +116,46 @@ async def test_a_keyed_start_creates_its_run_and_takes_its_slot_in_one_round_tri
         async with running_worker(worker_settings, Registry([keyed])):
             await wait_for(lambda: all_done(dsn, [*producer_ids, api_id]), what="runs done")
         executed = _executed(await proxy.counts())
-    assert executed.get("start_keyed") == 3, executed
-    assert "ensure_run" not in executed and "start_and_load" not in executed, executed
-    assert executed.get("load_for_phase", 0) + executed.get("load_for_phases", 0) >= 1
+    assert executed.get("start_keyed_and_load") == 3, executed
+    assert executed.get("run_input") == 1, executed  # the API's run: its input read once
+    # No separate create, slot, or load for any of the three starts.
+    assert not {"ensure_run", "start_and_load", "start_keyed", "load_for_phase",
+                "load_for_phases"} & set(executed), executed
     rows = await fetch(dsn, "SELECT workflow_id, concurrency_key, status FROM workflow_runs "
                             "ORDER BY workflow_id")
     assert {r["workflow_id"]: (r["concurrency_key"], r["status"]) for r in rows} == {
         "keyed-0": ("0", "completed"), "keyed-1": ("1", "completed"),
         api_id: ("t", "completed")}
+
+
+async def test_a_keyed_start_over_its_limit_is_queued_then_runs(settings) -> None:
+    """Three starts of one key with a limit of one: the statement admits and loads one and
+    queues the others, loading nothing for them; each queued run is admitted when a slot
+    frees, and its admission message (no input: the run row holds it) goes the same way.
+    Every run completes, with its one checkpoint."""
+    dsn = settings.database_url
+    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    ids = [f"limited-{i}" for i in range(3)]
+    for i, workflow_id in enumerate(ids):
+        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
+                                  "workflow": "start-limited", "input": {"n": i}},
+                       group=workflow_id)
+    with RoundTripProxy(upstream_port=port) as proxy:
+        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+        worker_settings = settings.model_copy(update={"database_url": proxied})
+        async with running_worker(worker_settings, Registry([limited])):
+            await wait_for(lambda: all_done(dsn, ids), what="runs done")
+        executed = _executed(await proxy.counts())
+    # Three starts, two of them queued; then two admission messages, each read for its
+    # input and started again (admitted this time).
+    assert executed.get("start_keyed_and_load", 0) >= 5, executed
+    assert executed.get("run_input", 0) >= 2, executed
+    assert not {"load_for_phase", "load_for_phases"} & set(executed), executed
+    rows = await fetch(dsn, "SELECT r.workflow_id, r.status, count(c.seq) AS checkpoints "
+                            "FROM workflow_runs r LEFT JOIN checkpoints c USING (workflow_id) "
+                            "WHERE r.workflow_id LIKE 'limited-%' GROUP BY 1, 2 ORDER BY 1")
+    assert [(r["workflow_id"], r["status"], r["checkpoints"]) for r in rows] == [
+        (workflow_id, "completed", 1) for workflow_id in ids]
 
 
 async def test_a_second_start_of_a_finished_run_changes_nothing(settings) -> None:

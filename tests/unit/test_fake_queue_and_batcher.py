@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
+from phasegate.batcher import MicroBatcher
 from phasegate.faults import Faults
 from phasegate.queue import Outgoing, QueueError
-from phasegate.worker.batcher import MicroBatcher
 from phasegate.worker.fake_queue import InMemoryFifoQueue
 
 

@@ -21,6 +21,13 @@ T = TypeVar("T")
 
 log = structlog.get_logger("phasegate.batcher")
 
+# Outbox rows marked sent by one UPDATE (the worker's and the API's batch of marks).
+MARKS_PER_CALL = 500
+# Marking outbox rows sent waits this long to gather a batch: one UPDATE for many messages
+# even when a single workflow runs, off the sender's path (nothing waits on it). Far below
+# the relay's age threshold (relay_after_s), so the relay never sends a row for this delay.
+MARK_SENT_LINGER_S = 0.05
+
 
 class MicroBatcher(Generic[T]):
     def __init__(self, flush: Callable[[Sequence[T]], Awaitable[None]], *,
