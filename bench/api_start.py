@@ -15,7 +15,10 @@ rounds (which goes first alternates), ``--starts`` sequential starts of new runs
   read of the run it answers with (``get_run``);
 - **request path now**: ``Control.start`` as the orchestrator runs it: ``start_run``, which
   returns the run as created, the send, and the outbox row's mark posted to the
-  orchestrator's batch of marks (``MicroBatcher.post``, flushed by its own task).
+  orchestrator's batch of marks (``MicroBatcher.post``, flushed by its own task);
+- **keyed workflow now**: the same for a workflow with a concurrency key (its own key per
+  run, so every start is admitted): ``start_keyed_run`` takes the slot in the start's
+  statement (migration 0034), the work a worker's start did before.
 
 Per start, as the caller waits for it: wall time and client CPU (the batch of marks' task
 runs in the same process and is counted: its work is moved, not dropped), Postgres
@@ -55,7 +58,8 @@ from phasegate.workflow import Registry, Workflow
 FLOOR = "floor: INSERT, then the send"
 BEFORE = "request path before: start_run, send, mark_sent, get_run"
 NOW = "request path now: start_run (the run returned), send, the mark batched"
-WAYS = (FLOOR, BEFORE, NOW)
+KEYED = "keyed workflow now: start_keyed_run (slot taken), send, the mark batched"
+WAYS = (FLOOR, BEFORE, NOW, KEYED)
 INPUT = {"a": 1, "b": "x" * 50}
 FLOOR_INSERT = "INSERT INTO bench_floor (workflow_id, seq, state) VALUES ($1, 0, $2::jsonb)"
 
@@ -64,6 +68,16 @@ workflow = Workflow("bench-api-start", schema_version=1)
 
 @workflow.phase("only")
 async def only(ctx: Any, state: Any) -> Any:
+    return state
+
+
+# Its own key per run: every start is admitted, as most are.
+keyed = Workflow("bench-api-start-keyed", schema_version=1,
+                 concurrency_key=lambda input: str(input["k"]), max_concurrency=1)
+
+
+@keyed.phase("only")
+async def keyed_only(ctx: Any, state: Any) -> Any:
     return state
 
 
@@ -80,8 +94,8 @@ async def _starts(way: str, dsn: str, queue: Queue, starts: int) -> dict[str, fl
     marks = MicroBatcher[int](mark, max_size=MARKS_PER_CALL, max_concurrent=2,
                               linger_s=MARK_SENT_LINGER_S)
     marking = asyncio.ensure_future(marks.run())
-    control = Control(pool, queue, Registry([workflow]), actor="bench",
-                      mark_sent=marks.post if way == NOW else None)
+    control = Control(pool, queue, Registry([workflow, keyed]), actor="bench",
+                      mark_sent=marks.post if way in (NOW, KEYED) else None)
     store, views = Store(pool), Views(pool)
     prefix = uuid.uuid4().hex[:8]
 
@@ -100,6 +114,9 @@ async def _starts(way: str, dsn: str, queue: Queue, starts: int) -> dict[str, fl
             await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
             await store.mark_sent([created.outbox_id])
             await views.get_run(workflow_id)
+        elif way == KEYED:
+            run, _ = await control.start(keyed.name, {**INPUT, "k": workflow_id}, workflow_id)
+            assert run.status == "pending", run
         else:
             await control.start(workflow.name, INPUT, workflow_id)
 
@@ -115,7 +132,7 @@ async def _starts(way: str, dsn: str, queue: Queue, starts: int) -> dict[str, fl
         await asyncio.gather(marking, return_exceptions=True)  # flushes what is queued
         # By construction: the floor's INSERT; start_run, mark_sent and get_run; start_run
         # and the batch's UPDATEs (counted), shared by the starts of one batch.
-        statements = {FLOOR: 1.0, BEFORE: 3.0, NOW: 1 + flushes / starts}[way]
+        statements = {FLOOR: 1.0, BEFORE: 3.0}.get(way, 1 + flushes / starts)
         unmarked = await pool.fetchval(
             "SELECT count(*) FROM outbox WHERE workflow_id LIKE $1 AND sent_at IS NULL",
             f"api-{prefix}-%")
@@ -159,7 +176,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await databases.stop()
     ratios = {way: {key: statistics.median(w[key] / f[key] for w, f in
                                            zip(found[way], found[FLOOR], strict=True))
-                    for key in ("wall_us", "client_cpu_us")} for way in (BEFORE, NOW)}
+                    for key in ("wall_us", "client_cpu_us")} for way in (BEFORE, NOW, KEYED)}
     return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
             "command": "python -m bench.api_start " + " ".join(sys.argv[1:]),
             "rounds": found,

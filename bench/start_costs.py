@@ -13,8 +13,11 @@ for both ways a run starts:
 
 - **producer**: a bare start message; no run row yet, so the insert creates it and the load
   claims it;
-- **API**: the run row written beforehand (pending, as ``start_run`` leaves it, outside the
-  timing), so the insert does nothing and the load claims it.
+- **API**: the run row written beforehand (outside the timing: pending, as ``start_run``
+  leaves it; for a keyed start since 0034, with its slot taken, as ``start_keyed_run``
+  leaves it), so the insert does nothing and the load claims it. A keyed start of such a
+  run read its input first until 0034 (the key is computed from it); since, it sends no key
+  and the run's own is used.
 
 Per start: wall, client CPU, the server process's CPU (``/proc/<pid>/schedstat``), WAL bytes
 and round trips (statements sent). Results: bench/results/start-costs-<time>.json.
@@ -38,46 +41,65 @@ from phasegate.sql import queries
 INPUT = '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 TWO = "ensure_run, then load_for_phase (two round trips)"
 ONE = "start_and_load (one round trip, migration 0032)"
-KEYED_TWO = "keyed: start_keyed, then load_for_phase (two round trips)"
-KEYED_ONE = "keyed: start_keyed_and_load (one round trip, migration 0034)"
+KEYED_TWO = "keyed: start_keyed, then load_for_phase (the API's run: its input read first)"
+KEYED_ONE = "keyed: start_keyed_and_load (migration 0034; the API's run: keyed by the API)"
 PAIRS = ((ONE, TWO), (KEYED_ONE, KEYED_TWO))
-PRE_CREATE = ("INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, "
-              "current_phase) SELECT $1 || w, 'wf', 1, $2::jsonb, 'p0' "
-              "FROM generate_series(0, $3 - 1) w")
+PRE_CREATE_IDS = ("INSERT INTO workflow_runs (workflow_id, workflow, schema_version, input, "
+                  "current_phase) SELECT w, 'wf', 1, $2::jsonb, 'p0' FROM unnest($1::text[]) w")
 
-def _statements(how: str, workflow_id: str,
-                q: dict[str, str]) -> list[tuple[str, tuple[Any, ...]]]:
+def _statements(how: str, workflow_id: str, q: dict[str, str],
+                way: str = "producer") -> list[tuple[str, tuple[Any, ...]]]:
     """What a worker sends for one start, ``how``: (query, arguments) in order; ``q`` the
-    named queries, read once by the caller, outside the timing."""
+    named queries (queries.sql's and flow.sql's), read once by the caller, outside the
+    timing. A keyed start of a run the API created: before 0034 its input was read first (the
+    key is computed from it); since 0034 the API keyed the run and the worker sends no key."""
     run = (workflow_id, "wf", 1, INPUT, "p0", "internal", None)
     # Its own key per run and no limit: every start is admitted, as most are.
     slot = (f"k-{workflow_id}", None, f"d-{workflow_id}", workflow_id, "{}", None, None)
+    load = (q["load_for_phase"], (workflow_id, "main", 0))
+    if way == "API" and how == KEYED_TWO:
+        return [(q["run_input"], (workflow_id,)), (q["start_keyed"], (*run, *slot)), load]
+    if way == "API" and how == KEYED_ONE:
+        return [(q["start_keyed_and_load"], (*run, None, *slot[1:], 0))]
     return {
-        TWO: [(q["ensure_run"], run), (q["load_for_phase"], (workflow_id, "main", 0))],
+        TWO: [(q["ensure_run"], run), load],
         ONE: [(q["start_and_load"], (*run, 0))],
-        KEYED_TWO: [(q["start_keyed"], (*run, *slot)),
-                    (q["load_for_phase"], (workflow_id, "main", 0))],
+        KEYED_TWO: [(q["start_keyed"], (*run, *slot)), load],
         KEYED_ONE: [(q["start_keyed_and_load"], (*run, *slot, 0))],
     }[how]
+
+
+async def _api_created(connection: Any, how: str, q: dict[str, str], ids: list[str]) -> None:
+    """The runs as the API leaves them: since 0034 a keyed run with its slot taken
+    (``start_keyed_run``), else the row alone (``start_run``'s, without its message)."""
+    if how != KEYED_ONE:
+        await connection.execute(PRE_CREATE_IDS, ids, INPUT)
+        return
+    for workflow_id in ids:
+        await connection.fetchrow(q["start_keyed_run"], workflow_id, "wf", 1, INPUT, "p0",
+                                  f"s-{workflow_id}", workflow_id, "{}", "internal", None,
+                                  f"k-{workflow_id}", None, f"d-{workflow_id}", workflow_id,
+                                  "{}", None, None)
 
 
 async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dict[str, float]:
     """``starts`` starts of new runs ``prefix0..``, sent ``how``; per start: wall, client
     CPU, server CPU (µs), WAL bytes, round trips."""
-    q = queries()
+    q = {**queries(), **queries("flow.sql")}
     connection = await connect(dsn)
     try:
         if way == "API":
-            await connection.execute(PRE_CREATE, prefix, INPUT, starts)
+            await _api_created(connection, how, q,
+                               [f"warm-{prefix}", *(f"{prefix}{i}" for i in range(starts))])
         # Described outside the timing, as a worker's connection has them after its first
         # start (a run id no start below uses).
-        for query, args in _statements(how, f"warm-{prefix}", q):
+        for query, args in _statements(how, f"warm-{prefix}", q, way):
             await connection.fetchrow(query, *args)
         pid = connection.get_server_pid()
         wal = await connection.fetchval(WAL_POSITION)
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
         for i in range(starts):
-            for query, args in _statements(how, f"{prefix}{i}", q):
+            for query, args in _statements(how, f"{prefix}{i}", q, way):
                 row = await connection.fetchrow(query, *args)
             assert row is not None and row["status"] == "running", (how, way, row)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -87,7 +109,7 @@ async def _starts(dsn: str, way: str, how: str, starts: int, prefix: str) -> dic
         await connection.close()
     return {"wall_us": wall / starts * 1e6, "client_cpu_us": cpu / starts * 1e6,
             "server_cpu_us": server / starts * 1e6, "wal_bytes": wal / starts,
-            "round_trips": float(len(_statements(how, "x", q)))}
+            "round_trips": float(len(_statements(how, "x", q, way)))}
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Start a workflow run: the run row and its first message are written in one statement
 (through the outbox), then the message is sent. A crash after the commit loses nothing: the
-relay sends the start message."""
+relay sends the start message. A workflow with a concurrency key takes its slot in the same
+statement: a run queued behind its key gets no start message until its admission writes one."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phasegate.concurrency import ConcurrencyKeyError, key_for
-from phasegate.envelope import WORKFLOW_ID_PATTERN, canonical_json, start_message
+import structlog
+
+from phasegate.concurrency import (
+    ConcurrencyKeyError,
+    admission_dedup_id,
+    admission_message,
+    admitted_by,
+    key_for,
+)
+from phasegate.envelope import WORKFLOW_ID_PATTERN, Envelope, canonical_json, start_message
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import ResidencyError, residency
 from phasegate.storable import UnstorableValue, check_storable, check_storable_size
-from phasegate.store import Store
+from phasegate.store import Slot, Store
 from phasegate.workflow import Registry, Workflow
+
+log = structlog.get_logger("phasegate.starter")
 
 
 class StartError(ValueError):
@@ -71,9 +82,10 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         raise StartError(f"input cannot be stored: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise StartError(f"input is not JSON: {exc}") from None
-    if workflow.concurrency_key is not None:  # the worker computes it again at the start
+    key = None
+    if workflow.concurrency_key is not None:
         try:
-            key_for(workflow, input)
+            key = key_for(workflow, input)
         except ConcurrencyKeyError as exc:
             raise StartError(str(exc)) from None
     # The run row holds the input; the message only wakes a worker, so it carries none.
@@ -81,14 +93,23 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
     message = start_message(workflow_id, workflow.name, None).model_copy(
         update={"classification": wanted.classification, "region": wanted.region})
     try:
-        created = await store.start_run(
-            workflow_id=workflow_id, workflow=workflow.name,
-            schema_version=workflow.schema_version, input=input,
-            first_phase=workflow.first_phase, message=message)
+        if key is None:
+            created = await store.start_run(
+                workflow_id=workflow_id, workflow=workflow.name,
+                schema_version=workflow.schema_version, input=input,
+                first_phase=workflow.first_phase, message=message)
+        else:  # its slot taken in the same statement: queued, or admitted with its message
+            created = await store.start_keyed_run(
+                workflow_id=workflow_id, workflow=workflow.name,
+                schema_version=workflow.schema_version, input=input,
+                first_phase=workflow.first_phase, message=message,
+                slot=_slot(workflow, message, key))
     except ResidencyError as exc:
         raise StartError(str(exc)) from None
     if created is None:
         return Started(workflow_id, created=False, sent=False)
+    if created.outbox_id is None:  # queued: its admission writes and sends its start message
+        return Started(workflow_id, created=True, sent=False, run=created.run)
     try:
         await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
     except Exception:  # the relay will send it
@@ -97,4 +118,36 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         mark_sent(created.outbox_id)
     else:
         await store.mark_sent([created.outbox_id])
+    if workflow.rate is not None:  # a start may admit runs queued before it, as a worker's
+        await _send_admitted(store, queue, workflow_id, mark_sent)
     return Started(workflow_id, created=True, sent=True, run=created.run)
+
+
+def _slot(workflow: Workflow, message: Envelope, key: str) -> Slot:
+    """What the API's start asks of its key: as the worker's start asks it
+    (``concurrency.start``), with the key computed here."""
+    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
+    admit = admission_message(message)
+    return Slot(key=key, limit=workflow.max_concurrency,
+                dedup_id=admission_dedup_id(message.workflow_id), group_id=admit.group_id,
+                body=admit.to_json(), rate=rate, window_s=window_s)
+
+
+async def _send_admitted(store: Store, queue: Queue, workflow_id: str,
+                         mark_sent: Callable[[int], None] | None) -> None:
+    """The start messages of runs this start admitted (a rate window that opened again):
+    sent now, as a worker sends them after its start; whatever fails, the relay sends."""
+    rows = await admitted_by(store, workflow_id)
+    if not rows:
+        return
+    try:
+        await queue.send([Outgoing(row.body, row.group_id, row.dedup_id) for row in rows])
+    except Exception as exc:
+        log.warning("admitted_send_failed_relay_will_send", error=type(exc).__name__)
+        return
+    ids = [row.outbox_id for row in rows]
+    if mark_sent is not None:
+        for outbox_id in ids:
+            mark_sent(outbox_id)
+    else:
+        await store.mark_sent(ids)

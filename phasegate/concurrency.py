@@ -88,6 +88,10 @@ def check_rate(rate: Any) -> tuple[int, float] | None:
     return count, float(seconds)
 
 
+# What a start without a key answers for a run that has none yet (migration 0034).
+UNKEYED = "unkeyed"
+
+
 def admission_message(envelope: Envelope) -> Envelope:
     """The start message that wakes a queued run once admitted: the run row holds the input,
     so it carries none (and stays small however large the input)."""
@@ -108,28 +112,36 @@ async def start(store: Store, envelope: Envelope, workflow: Workflow
     no run) with the position the load gave (None: queued, or no run), or why the start is
     refused.
 
-    The key is computed before anything is written when the message carries the input; a
-    run created by the API (input in the row, validated there with the same function) is
-    read first, one more round trip."""
-    q = queries("flow.sql")
+    The key is computed before anything is written when the message carries the input. A
+    message without it (the API's start, an admission, a rate wake-up) names a run that took
+    its key when it was created or first started: the statement uses that key. Only a run
+    without one (created by an API of the previous release) has its input read to compute it,
+    one more round trip and the statement again."""
+    admit = admission_message(envelope)
+    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
+
+    async def take(key: str | None) -> tuple[str | None, RunPosition | None]:
+        # The run created if a producer only enqueued it, its slot taken and, once admitted,
+        # the run loaded: one round trip.
+        return await store.start_keyed(
+            envelope, workflow.schema_version, workflow.first_phase,
+            Slot(key=key, limit=workflow.max_concurrency,
+                 dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
+                 body=admit.to_json(), rate=rate, window_s=window_s))
+
     input = envelope.input
     if input is None:
-        row = await store.pool.fetchval(q["run_input"], envelope.workflow_id)
+        status, position = await take(None)
+        if status != UNKEYED:
+            return status or "missing", position
+        row = await store.pool.fetchval(queries("flow.sql")["run_input"], envelope.workflow_id)
         if row is not None:
             input = json.loads(row)
     try:
         key = key_for(workflow, input)
     except ConcurrencyKeyError as exc:
         return Refused(str(exc))
-    admit = admission_message(envelope)
-    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
-    # The run created if a producer only enqueued it, its slot taken and, once admitted, the
-    # run loaded: one round trip.
-    status, position = await store.start_keyed(
-        envelope, workflow.schema_version, workflow.first_phase,
-        Slot(key=key, limit=workflow.max_concurrency,
-             dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
-             body=admit.to_json(), rate=rate, window_s=window_s))
+    status, position = await take(key)
     return status or "missing", position
 
 

@@ -207,6 +207,17 @@ class RegionalStore(Store):
             input=input, first_phase=first_phase, message=message,
             classification=wanted.classification, region=wanted.region)
 
+    async def start_keyed_run(self, *, workflow_id: str, workflow: str, schema_version: int,
+                              input: Any, first_phase: str, message: Envelope, slot: Slot,
+                              classification: str = "internal", region: str | None = None
+                              ) -> CreatedRun | None:
+        wanted = residency(message.classification, message.region)
+        self.accepts(wanted)
+        return await super().start_keyed_run(
+            workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
+            input=input, first_phase=first_phase, message=message, slot=slot,
+            classification=wanted.classification, region=wanted.region)
+
     # -- the worker's reads and writes
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
@@ -337,6 +348,14 @@ class StoreRouter(Store):
         return await self.for_region(message.region).start_run(
             workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
             input=input, first_phase=first_phase, message=message)
+
+    async def start_keyed_run(self, *, workflow_id: str, workflow: str, schema_version: int,
+                              input: Any, first_phase: str, message: Envelope, slot: Slot,
+                              classification: str = "internal", region: str | None = None
+                              ) -> CreatedRun | None:
+        return await self.for_region(message.region).start_keyed_run(
+            workflow_id=workflow_id, workflow=workflow, schema_version=schema_version,
+            input=input, first_phase=first_phase, message=message, slot=slot)
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
                              seq: int | None = None) -> RunPosition | None:

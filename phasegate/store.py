@@ -73,9 +73,10 @@ def position_from(row: asyncpg.Record) -> RunPosition:
 @dataclass(frozen=True)
 class Slot:
     """What a keyed workflow's start asks of its key (``phasegate_take_slot``): the key, the
-    limits, and the message that wakes the run if it has to wait for admission."""
+    limits, and the message that wakes the run if it has to wait for admission. ``key``
+    None: the key the run already has (a message without the input; ``start_keyed``)."""
 
-    key: str
+    key: str | None
     limit: int | None
     dedup_id: str
     group_id: str
@@ -97,11 +98,17 @@ class OutboxRow:
 
 @dataclass(frozen=True)
 class CreatedRun:
-    """A run ``start_run`` created: its start message's outbox row, and the run as created
+    """A run ``start_run`` (or ``start_keyed_run``) created: its start message's outbox row
+    (None: queued under its key, its admission writes the message), and the run as created
     (the columns of control.sql's ``get_run``)."""
 
-    outbox_id: int
+    outbox_id: int | None
     run: dict[str, Any]
+
+
+def created_run(row: asyncpg.Record) -> CreatedRun:
+    run = dict(row)
+    return CreatedRun(run.pop("outbox_id"), run)
 
 
 # Marks a leased send's lease holder (worker/continuation.py): a worker id never contains a
@@ -232,10 +239,21 @@ class Store:
             self._q["start_run"], workflow_id, workflow, schema_version, canonical_json(input),
             first_phase, message.dedup_id, message.group_id, message.to_json(),
             classification, region)
-        if row is None:
-            return None
-        run = dict(row)
-        return CreatedRun(run.pop("outbox_id"), run)
+        return None if row is None else created_run(row)
+
+    async def start_keyed_run(self, *, workflow_id: str, workflow: str, schema_version: int,
+                              input: Any, first_phase: str, message: Envelope, slot: Slot,
+                              classification: str = "internal", region: str | None = None
+                              ) -> CreatedRun | None:
+        """``start_run`` for a workflow with a concurrency key: the run's slot taken in the
+        same statement (``slot.key`` the key computed from ``input``), its start message
+        written only if it was admitted (migration 0034). None if the id existed."""
+        row = await self.pool.fetchrow(
+            self._q["start_keyed_run"], workflow_id, workflow, schema_version,
+            canonical_json(input), first_phase, message.dedup_id, message.group_id,
+            message.to_json(), classification, region, slot.key, slot.limit, slot.dedup_id,
+            slot.group_id, slot.body, slot.rate, slot.window_s)
+        return None if row is None else created_run(row)
 
     async def load_for_phase(self, workflow_id: str, branch: str = MAIN_BRANCH,
                              seq: int | None = None) -> RunPosition | None:

@@ -30,6 +30,8 @@ SELECT phasegate_start_keyed($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9::integer,
 -- A keyed workflow's start_keyed and, unless the run was queued, its load_for_phase in one
 -- round trip (migration 0034). $1-$14 as start_keyed's, $15 the message's seq. One row:
 -- `taken` (start_keyed's result) and load_for_phase's columns (NULL when queued or no run).
+-- $8 NULL (a message without the input): the run's own key, or `taken` = 'unkeyed' and
+-- nothing written when the run has none.
 SELECT * FROM phasegate_start_keyed_and_load($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9::integer,
                                              $10, $11, $12, $13::integer,
                                              $14::double precision, $15);
@@ -53,6 +55,15 @@ WITH run AS (
     RETURNING outbox_id
 )
 SELECT ob.outbox_id, run.* FROM run, ob;
+
+-- name: start_keyed_run
+-- start_run for a workflow with a concurrency key (migration 0034): the run, its slot taken
+-- ($11 the key, $12 its limit, $13-$15 the admission message, $16/$17 the rate) and, unless it
+-- was queued, its start message ($6-$8) in the outbox. No row when the id existed; else the
+-- outbox row's id (NULL when queued) and the run as created, as start_run's.
+SELECT * FROM phasegate_start_keyed_run($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11,
+                                        $12::integer, $13, $14, $15, $16::integer,
+                                        $17::double precision);
 
 -- name: load_for_phase
 -- Check + claim + load in one round trip: the run row (moved pending -> running, or waiting

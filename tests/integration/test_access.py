@@ -48,7 +48,17 @@ async def score(ctx, state):
     return {**state, "score": 7}
 
 
-REGISTRY = Registry([guarded])
+# Started by the API, which takes its slot in the start's statement (migration 0034).
+keyed_guarded = Workflow("keyed-guarded", concurrency_key=lambda input: "one",
+                         max_concurrency=1)
+
+
+@keyed_guarded.phase("only")
+async def keyed_only(ctx, state):
+    return state
+
+
+REGISTRY = Registry([guarded, keyed_guarded])
 GROUP_ROLES = ("phasegate_worker", "phasegate_reader", "phasegate_auditor",
                "phasegate_orchestrator")
 POLICY_TEXT = '{"guarded.score": ["analyst", "ops"], "guarded.*": ["ops"]}'
@@ -274,6 +284,11 @@ async def test_the_orchestrator_runs_as_its_role_which_cannot_alter_schema_or_de
             assert started.status_code == 201, started.text
             cancelled = await api.post("/v1/workflows/o-1/cancel", json={"reason": "test"})
             assert cancelled.status_code == 200, cancelled.text
+            # A keyed start takes its slot as the orchestrator's role: admitted, then queued.
+            keyed = [await api.post("/v1/workflows", json={
+                "workflow": "keyed-guarded", "id": f"k-{i}", "input": {}}) for i in range(2)]
+            assert [(r.status_code, r.json()["status"]) for r in keyed] == [
+                (201, "pending"), (201, "queued")], [r.text for r in keyed]
             page = await api.get(f"/v1/workflows/{done}/checkpoints?include=state")
             assert page.status_code == 200
             assert all(c["access"] == "read" for c in page.json()["checkpoints"])

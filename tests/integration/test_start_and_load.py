@@ -12,7 +12,9 @@ from typing import Any
 from bench.common import RoundTripProxy
 from bench.transitions import statement_names
 from phasegate import Context, Workflow
+from phasegate.envelope import start_message
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.queue import Outgoing
 from phasegate.sql import queries
 from phasegate.workflow import Registry
 from tests.helpers import (
@@ -97,9 +99,9 @@ async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> 
 async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
         settings) -> None:
     """A workflow with a concurrency key: the run created, its slot taken and the admitted run
-    loaded by one statement (migration 0034), then the commit; the API's start reads the
-    input first (the key is computed from it), one more. A start over the key's limit is
-    queued by the same statement and loaded by the admission's message once a slot frees."""
+    loaded by one statement (migration 0034), then the commit. The API's start took the slot
+    when it created the run, so its message (no input) is started with the run's own key:
+    no read of the input."""
     dsn = settings.database_url
     port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     producer_ids = [f"keyed-{i}" for i in range(2)]
@@ -117,10 +119,9 @@ async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
             await wait_for(lambda: all_done(dsn, [*producer_ids, api_id]), what="runs done")
         executed = _executed(await proxy.counts())
     assert executed.get("start_keyed_and_load") == 3, executed
-    assert executed.get("run_input") == 1, executed  # the API's run: its input read once
-    # No separate create, slot, or load for any of the three starts.
+    # No separate create, slot, input read or load for any of the three starts.
     assert not {"ensure_run", "start_and_load", "start_keyed", "load_for_phase",
-                "load_for_phases"} & set(executed), executed
+                "load_for_phases", "run_input"} & set(executed), executed
     rows = await fetch(dsn, "SELECT workflow_id, concurrency_key, status FROM workflow_runs "
                             "ORDER BY workflow_id")
     assert {r["workflow_id"]: (r["concurrency_key"], r["status"]) for r in rows} == {
@@ -130,9 +131,9 @@ async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
 
 async def test_a_keyed_start_over_its_limit_is_queued_then_runs(settings) -> None:
     """Three starts of one key with a limit of one: the statement admits and loads one and
-    queues the others, loading nothing for them; each queued run is admitted when a slot
-    frees, and its admission message (no input: the run row holds it) goes the same way.
-    Every run completes, with its one checkpoint."""
+    queues what arrives while it holds the slot, loading nothing for them; each queued run is
+    admitted when a slot frees, and its admission message (no input: the run row holds it)
+    goes the same way, with the run's key. Every run completes, with its one checkpoint."""
     dsn = settings.database_url
     port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     ids = [f"limited-{i}" for i in range(3)]
@@ -146,16 +147,76 @@ async def test_a_keyed_start_over_its_limit_is_queued_then_runs(settings) -> Non
         async with running_worker(worker_settings, Registry([limited])):
             await wait_for(lambda: all_done(dsn, ids), what="runs done")
         executed = _executed(await proxy.counts())
-    # Three starts, two of them queued; then two admission messages, each read for its
-    # input and started again (admitted this time).
-    assert executed.get("start_keyed_and_load", 0) >= 5, executed
-    assert executed.get("run_input", 0) >= 2, executed
-    assert not {"load_for_phase", "load_for_phases"} & set(executed), executed
+    # Three starts; each run that was queued (admitted by another's end, not by its own
+    # start) has its admission message (no input) started with the run's key.
+    admitted = await fetch(dsn, "SELECT workflow_id, admitted_by FROM run_admissions "
+                                "WHERE workflow_id LIKE 'limited-%'")
+    queued = sum(r["admitted_by"] != r["workflow_id"] for r in admitted)
+    assert len(admitted) == 3, admitted
+    assert executed.get("start_keyed_and_load") == 3 + queued, (executed, admitted)
+    assert not {"load_for_phase", "load_for_phases", "run_input"} & set(executed), executed
     rows = await fetch(dsn, "SELECT r.workflow_id, r.status, count(c.seq) AS checkpoints "
                             "FROM workflow_runs r LEFT JOIN checkpoints c USING (workflow_id) "
                             "WHERE r.workflow_id LIKE 'limited-%' GROUP BY 1, 2 ORDER BY 1")
     assert [(r["workflow_id"], r["status"], r["checkpoints"]) for r in rows] == [
         (workflow_id, "completed", 1) for workflow_id in ids]
+
+
+async def test_a_keyed_run_created_without_its_key_has_its_input_read(settings) -> None:
+    """A run an API of the previous release created (the row without its key, the message
+    without the input): the statement without a key writes nothing and answers 'unkeyed';
+    the worker reads the input, computes the key and starts it with it."""
+    dsn = settings.database_url
+    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    message = start_message("keyless-1", "start-keyed", None)
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        created = await store.start_run(workflow_id="keyless-1", workflow="start-keyed",
+                                        schema_version=1, input={"tenant": "old"},
+                                        first_phase="only", message=message)
+        assert created is not None and created.run["status"] == "pending"
+        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+    with RoundTripProxy(upstream_port=port) as proxy:
+        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+        worker_settings = settings.model_copy(update={"database_url": proxied})
+        async with running_worker(worker_settings, Registry([keyed])):
+            await wait_for(lambda: all_done(dsn, ["keyless-1"]), what="run done")
+        executed = _executed(await proxy.counts())
+    assert executed.get("start_keyed_and_load") == 2, executed  # 'unkeyed', then keyed
+    assert executed.get("run_input") == 1, executed
+    assert await fetchval(dsn, "SELECT concurrency_key || '/' || status FROM workflow_runs "
+                               "WHERE workflow_id = 'keyless-1'") == "old/completed"
+
+
+async def test_the_api_start_queues_a_run_over_its_key_limit(settings) -> None:
+    """The API's start takes the slot: over the key's limit the run is answered queued, with
+    no start message (its admission writes one); it runs once the holder ends. Neither
+    message carries the input, and neither has it read: each run has its key."""
+    dsn = settings.database_url
+    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        first = await start_workflow(store, queue, workflow=limited, input={"n": 1},
+                                     workflow_id="api-limited-1")
+        second = await start_workflow(store, queue, workflow=limited, input={"n": 2},
+                                      workflow_id="api-limited-2")
+    assert first.run is not None and first.run["status"] == "pending" and first.sent
+    assert second.run is not None and second.run["status"] == "queued" and not second.sent
+    assert await fetchval(dsn, "SELECT count(*) FROM outbox "
+                               "WHERE workflow_id = 'api-limited-2'") == 0
+    with RoundTripProxy(upstream_port=port) as proxy:
+        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+        worker_settings = settings.model_copy(update={"database_url": proxied})
+        async with running_worker(worker_settings, Registry([limited])):
+            await wait_for(lambda: all_done(dsn, ["api-limited-1", "api-limited-2"]),
+                           what="both runs done")
+        executed = _executed(await proxy.counts())
+    # The first's start message, then the second's admission message.
+    assert executed.get("start_keyed_and_load") == 2, executed
+    assert "run_input" not in executed, executed
+    rows = await fetch(dsn, "SELECT workflow_id, admitted_by FROM run_admissions "
+                            "WHERE workflow_id LIKE 'api-limited-%' ORDER BY workflow_id")
+    # The first admitted itself at its start; the second by the first's end.
+    assert [(r["workflow_id"], r["admitted_by"]) for r in rows] == [
+        ("api-limited-1", "api-limited-1"), ("api-limited-2", "api-limited-1")]
 
 
 async def test_a_second_start_of_a_finished_run_changes_nothing(settings) -> None:
