@@ -108,19 +108,27 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
         raise StartError(str(exc)) from None
     if created is None:
         return Started(workflow_id, created=False, sent=False)
-    if created.outbox_id is None:  # queued: its admission writes and sends its start message
-        return Started(workflow_id, created=True, sent=False, run=created.run)
-    try:
-        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
-    except Exception:  # the relay will send it
-        return Started(workflow_id, created=True, sent=False, run=created.run)
-    if mark_sent is not None:
-        mark_sent(created.outbox_id)
-    else:
-        await store.mark_sent([created.outbox_id])
+    sent = False
+    if created.outbox_id is not None:  # None: queued, its admission writes its start message
+        sent = await _send_start(store, queue, message, created.outbox_id, mark_sent)
     if workflow.rate is not None:  # a start may admit runs queued before it, as a worker's
         await _send_admitted(store, queue, workflow_id, mark_sent)
-    return Started(workflow_id, created=True, sent=True, run=created.run)
+    return Started(workflow_id, created=True, sent=sent, run=created.run)
+
+
+async def _send_start(store: Store, queue: Queue, message: Envelope, outbox_id: int,
+                      mark_sent: Callable[[int], None] | None) -> bool:
+    """The start message, then its outbox row marked; False when the send failed (the relay
+    sends it)."""
+    try:
+        await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+    except Exception:
+        return False
+    if mark_sent is not None:
+        mark_sent(outbox_id)
+    else:
+        await store.mark_sent([outbox_id])
+    return True
 
 
 def _slot(workflow: Workflow, message: Envelope, key: str) -> Slot:

@@ -8,8 +8,12 @@ admission times PostgreSQL recorded (``run_admissions.admitted_at``); the others
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from phasegate import Workflow
+from phasegate.concurrency import admission_dedup_id
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Views
@@ -105,3 +109,37 @@ async def _completed(dsn: str, count: int) -> bool:
 async def _has_wake_row(dsn: str, workflow_id: str) -> bool:
     return bool(await fetchval(dsn, "SELECT count(*) FROM outbox WHERE workflow_id = $1 AND "
                                "seq = 0 AND due_at IS NOT NULL", workflow_id))
+
+
+quick = Workflow("rate-quick", concurrency_key=lambda input: "t", rate=(1, 1.0))
+
+
+@quick.phase("only")
+async def quick_only(ctx: Any, state: Any) -> Any:
+    return state
+
+
+async def test_an_api_start_sends_the_start_of_a_run_it_admitted(settings) -> None:
+    """The API's start takes its slot (migration 0034), and under a rate that can admit a
+    run queued before it, once the window has moved on. That run's start message is sent by
+    the same request and marked, as a worker's start sends it, not left to the relay."""
+    dsn = settings.database_url
+    async with store_for(dsn) as store, queue_for(settings) as queue:
+        first = await start_workflow(store, queue, workflow=quick, input={}, workflow_id="rq-a")
+        held = await start_workflow(store, queue, workflow=quick, input={}, workflow_id="rq-b")
+        assert first.run is not None and first.run["status"] == "pending" and first.sent
+        assert held.run is not None and held.run["status"] == "queued" and not held.sent
+
+        async def window_moved_on() -> bool:
+            return bool(await fetchval(
+                dsn, "SELECT now() >= admitted_at + interval '1 second' FROM run_admissions "
+                     "WHERE workflow_id = 'rq-a'"))
+        await wait_for(window_moved_on, what="the rate's window moved past the first start")
+        last = await start_workflow(store, queue, workflow=quick, input={}, workflow_id="rq-c")
+        assert last.run is not None and last.run["status"] == "queued"  # b took the window
+        sent = await fetch(dsn, "SELECT workflow_id, sent_at FROM outbox WHERE dedup_id = $1",
+                           admission_dedup_id("rq-b"))
+        assert [(r["workflow_id"], r["sent_at"] is not None) for r in sent] == [("rq-b", True)]
+        assert await fetchval(dsn, "SELECT admitted_by FROM run_admissions "
+                                   "WHERE workflow_id = 'rq-b'") == "rq-c"
+        assert (await queue.depth()).visible == 2  # a's start message and b's admission
