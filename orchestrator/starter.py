@@ -12,18 +12,12 @@ from typing import Any
 
 import structlog
 
-from phasegate.concurrency import (
-    ConcurrencyKeyError,
-    admission_dedup_id,
-    admission_message,
-    admitted_by,
-    key_for,
-)
+from phasegate.concurrency import ConcurrencyKeyError, admitted_by, key_for, slot_for
 from phasegate.envelope import WORKFLOW_ID_PATTERN, Envelope, canonical_json, start_message
 from phasegate.queue import Outgoing, Queue
 from phasegate.residency import ResidencyError, residency
 from phasegate.storable import UnstorableValue, check_storable, check_storable_size
-from phasegate.store import Slot, Store
+from phasegate.store import Store
 from phasegate.workflow import Registry, Workflow
 
 log = structlog.get_logger("phasegate.starter")
@@ -103,7 +97,7 @@ async def start_workflow(store: Store, queue: Queue, *, workflow: Workflow, inpu
                 workflow_id=workflow_id, workflow=workflow.name,
                 schema_version=workflow.schema_version, input=input,
                 first_phase=workflow.first_phase, message=message,
-                slot=_slot(workflow, message, key))
+                slot=slot_for(workflow, message, key))
     except ResidencyError as exc:
         raise StartError(str(exc)) from None
     if created is None:
@@ -129,16 +123,6 @@ async def _send_start(store: Store, queue: Queue, message: Envelope, outbox_id: 
     else:
         await store.mark_sent([outbox_id])
     return True
-
-
-def _slot(workflow: Workflow, message: Envelope, key: str) -> Slot:
-    """What the API's start asks of its key: as the worker's start asks it
-    (``concurrency.start``), with the key computed here."""
-    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
-    admit = admission_message(message)
-    return Slot(key=key, limit=workflow.max_concurrency,
-                dedup_id=admission_dedup_id(message.workflow_id), group_id=admit.group_id,
-                body=admit.to_json(), rate=rate, window_s=window_s)
 
 
 async def _send_admitted(store: Store, queue: Queue, workflow_id: str,

@@ -88,6 +88,17 @@ def check_rate(rate: Any) -> tuple[int, float] | None:
     return count, float(seconds)
 
 
+def slot_for(workflow: Workflow, envelope: Envelope, key: str | None) -> Slot:
+    """What a start of ``workflow``'s run (``envelope``: its start message) asks of its key,
+    the worker's or the API's: the limits, and the admission message that wakes the run if it
+    has to wait. ``key`` None: the key the run already has."""
+    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
+    admit = admission_message(envelope)
+    return Slot(key=key, limit=workflow.max_concurrency,
+                dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
+                body=admit.to_json(), rate=rate, window_s=window_s)
+
+
 # What a start without a key answers for a run that has none yet (migration 0034).
 UNKEYED = "unkeyed"
 
@@ -117,17 +128,11 @@ async def start(store: Store, envelope: Envelope, workflow: Workflow
     its key when it was created or first started: the statement uses that key. Only a run
     without one (created by an API of the previous release) has its input read to compute it,
     one more round trip and the statement again."""
-    admit = admission_message(envelope)
-    rate, window_s = workflow.rate if workflow.rate is not None else (None, None)
-
     async def take(key: str | None) -> tuple[str | None, RunPosition | None]:
         # The run created if a producer only enqueued it, its slot taken and, once admitted,
         # the run loaded: one round trip.
-        return await store.start_keyed(
-            envelope, workflow.schema_version, workflow.first_phase,
-            Slot(key=key, limit=workflow.max_concurrency,
-                 dedup_id=admission_dedup_id(envelope.workflow_id), group_id=admit.group_id,
-                 body=admit.to_json(), rate=rate, window_s=window_s))
+        return await store.start_keyed(envelope, workflow.schema_version,
+                                       workflow.first_phase, slot_for(workflow, envelope, key))
 
     input = envelope.input
     if input is None:

@@ -68,9 +68,21 @@ def _executed(counts: dict[str, int]) -> dict[str, int]:
     return executed
 
 
-async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> None:
+async def _run_counted(settings: Any, workflow: Workflow, ids: list[str]) -> dict[str, int]:
+    """A worker for ``workflow`` through the round-trip proxy until the runs ``ids`` are
+    done; the statements it executed, by query name."""
     dsn = settings.database_url
     port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    with RoundTripProxy(upstream_port=port) as proxy:
+        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+        worker_settings = settings.model_copy(update={"database_url": proxied})
+        async with running_worker(worker_settings, Registry([workflow])):
+            await wait_for(lambda: all_done(dsn, ids), what="runs done")
+        return _executed(await proxy.counts())
+
+
+async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> None:
+    dsn = settings.database_url
     producer_ids = [f"bare-{i}" for i in range(3)]
     for i, workflow_id in enumerate(producer_ids):  # no run row: a producer only enqueued
         await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
@@ -79,12 +91,7 @@ async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> 
     async with store_for(dsn) as store, queue_for(settings) as queue:
         api_ids = [(await start_workflow(store, queue, workflow=single,
                                          input={"api": i})).workflow_id for i in range(3)]
-    with RoundTripProxy(upstream_port=port) as proxy:
-        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
-        worker_settings = settings.model_copy(update={"database_url": proxied})
-        async with running_worker(worker_settings, Registry([single])):
-            await wait_for(lambda: all_done(dsn, producer_ids + api_ids), what="runs done")
-        executed = _executed(await proxy.counts())
+    executed = await _run_counted(settings, single, producer_ids + api_ids)
     # Per run: one start_and_load, then the commit. Neither the separate create nor a load.
     assert executed.get("start_and_load") == 6, executed
     assert "ensure_run" not in executed and "load_for_phase" not in executed \
@@ -103,7 +110,6 @@ async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
     when it created the run, so its message (no input) is started with the run's own key:
     no read of the input."""
     dsn = settings.database_url
-    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     producer_ids = [f"keyed-{i}" for i in range(2)]
     for i, workflow_id in enumerate(producer_ids):
         await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
@@ -112,12 +118,7 @@ async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
     async with store_for(dsn) as store, queue_for(settings) as queue:
         api_id = (await start_workflow(store, queue, workflow=keyed,
                                        input={"tenant": "t"})).workflow_id
-    with RoundTripProxy(upstream_port=port) as proxy:
-        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
-        worker_settings = settings.model_copy(update={"database_url": proxied})
-        async with running_worker(worker_settings, Registry([keyed])):
-            await wait_for(lambda: all_done(dsn, [*producer_ids, api_id]), what="runs done")
-        executed = _executed(await proxy.counts())
+    executed = await _run_counted(settings, keyed, [*producer_ids, api_id])
     assert executed.get("start_keyed_and_load") == 3, executed
     # No separate create, slot, input read or load for any of the three starts.
     assert not {"ensure_run", "start_and_load", "start_keyed", "load_for_phase",
@@ -135,18 +136,12 @@ async def test_a_keyed_start_over_its_limit_is_queued_then_runs(settings) -> Non
     admitted when a slot frees, and its admission message (no input: the run row holds it)
     goes the same way, with the run's key. Every run completes, with its one checkpoint."""
     dsn = settings.database_url
-    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     ids = [f"limited-{i}" for i in range(3)]
     for i, workflow_id in enumerate(ids):
         await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
                                   "workflow": "start-limited", "input": {"n": i}},
                        group=workflow_id)
-    with RoundTripProxy(upstream_port=port) as proxy:
-        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
-        worker_settings = settings.model_copy(update={"database_url": proxied})
-        async with running_worker(worker_settings, Registry([limited])):
-            await wait_for(lambda: all_done(dsn, ids), what="runs done")
-        executed = _executed(await proxy.counts())
+    executed = await _run_counted(settings, limited, ids)
     # Three starts; each run that was queued (admitted by another's end, not by its own
     # start) has its admission message (no input) started with the run's key.
     admitted = await fetch(dsn, "SELECT workflow_id, admitted_by FROM run_admissions "
@@ -167,7 +162,6 @@ async def test_a_keyed_run_created_without_its_key_has_its_input_read(settings) 
     without the input): the statement without a key writes nothing and answers 'unkeyed';
     the worker reads the input, computes the key and starts it with it."""
     dsn = settings.database_url
-    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     message = start_message("keyless-1", "start-keyed", None)
     async with store_for(dsn) as store, queue_for(settings) as queue:
         created = await store.start_run(workflow_id="keyless-1", workflow="start-keyed",
@@ -175,12 +169,7 @@ async def test_a_keyed_run_created_without_its_key_has_its_input_read(settings) 
                                         first_phase="only", message=message)
         assert created is not None and created.run["status"] == "pending"
         await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
-    with RoundTripProxy(upstream_port=port) as proxy:
-        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
-        worker_settings = settings.model_copy(update={"database_url": proxied})
-        async with running_worker(worker_settings, Registry([keyed])):
-            await wait_for(lambda: all_done(dsn, ["keyless-1"]), what="run done")
-        executed = _executed(await proxy.counts())
+    executed = await _run_counted(settings, keyed, ["keyless-1"])
     assert executed.get("start_keyed_and_load") == 2, executed  # 'unkeyed', then keyed
     assert executed.get("run_input") == 1, executed
     assert await fetchval(dsn, "SELECT concurrency_key || '/' || status FROM workflow_runs "
@@ -192,7 +181,6 @@ async def test_the_api_start_queues_a_run_over_its_key_limit(settings) -> None:
     no start message (its admission writes one); it runs once the holder ends. Neither
     message carries the input, and neither has it read: each run has its key."""
     dsn = settings.database_url
-    port = int(dsn.rsplit(":", 1)[1].split("/", 1)[0])
     async with store_for(dsn) as store, queue_for(settings) as queue:
         first = await start_workflow(store, queue, workflow=limited, input={"n": 1},
                                      workflow_id="api-limited-1")
@@ -202,13 +190,7 @@ async def test_the_api_start_queues_a_run_over_its_key_limit(settings) -> None:
     assert second.run is not None and second.run["status"] == "queued" and not second.sent
     assert await fetchval(dsn, "SELECT count(*) FROM outbox "
                                "WHERE workflow_id = 'api-limited-2'") == 0
-    with RoundTripProxy(upstream_port=port) as proxy:
-        proxied = dsn.replace(f":{port}/", f":{proxy.port}/", 1)
-        worker_settings = settings.model_copy(update={"database_url": proxied})
-        async with running_worker(worker_settings, Registry([limited])):
-            await wait_for(lambda: all_done(dsn, ["api-limited-1", "api-limited-2"]),
-                           what="both runs done")
-        executed = _executed(await proxy.counts())
+    executed = await _run_counted(settings, limited, ["api-limited-1", "api-limited-2"])
     # The first's start message, then the second's admission message.
     assert executed.get("start_keyed_and_load") == 2, executed
     assert "run_input" not in executed, executed
