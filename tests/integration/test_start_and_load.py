@@ -68,6 +68,13 @@ def _executed(counts: dict[str, int]) -> dict[str, int]:
     return executed
 
 
+async def _bare_starts(settings: Any, workflow: str, inputs: dict[str, Any]) -> None:
+    """A producer's start message per run id of ``inputs``, with that run's input."""
+    for workflow_id, input in inputs.items():
+        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
+                                  "workflow": workflow, "input": input}, group=workflow_id)
+
+
 async def _run_counted(settings: Any, workflow: Workflow, ids: list[str]) -> dict[str, int]:
     """A worker for ``workflow`` through the round-trip proxy until the runs ``ids`` are
     done; the statements it executed, by query name."""
@@ -84,10 +91,8 @@ async def _run_counted(settings: Any, workflow: Workflow, ids: list[str]) -> dic
 async def test_a_start_creates_and_loads_its_run_in_one_round_trip(settings) -> None:
     dsn = settings.database_url
     producer_ids = [f"bare-{i}" for i in range(3)]
-    for i, workflow_id in enumerate(producer_ids):  # no run row: a producer only enqueued
-        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
-                                  "workflow": "start-load", "input": {"i": i}},
-                       group=workflow_id)
+    # No run row: a producer only enqueued.
+    await _bare_starts(settings, "start-load", {w: {"i": i} for i, w in enumerate(producer_ids)})
     async with store_for(dsn) as store, queue_for(settings) as queue:
         api_ids = [(await start_workflow(store, queue, workflow=single,
                                          input={"api": i})).workflow_id for i in range(3)]
@@ -111,10 +116,8 @@ async def test_a_keyed_start_creates_takes_its_slot_and_loads_in_one_round_trip(
     no read of the input."""
     dsn = settings.database_url
     producer_ids = [f"keyed-{i}" for i in range(2)]
-    for i, workflow_id in enumerate(producer_ids):
-        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
-                                  "workflow": "start-keyed", "input": {"tenant": i}},
-                       group=workflow_id)
+    await _bare_starts(settings, "start-keyed",
+                       {w: {"tenant": i} for i, w in enumerate(producer_ids)})
     async with store_for(dsn) as store, queue_for(settings) as queue:
         api_id = (await start_workflow(store, queue, workflow=keyed,
                                        input={"tenant": "t"})).workflow_id
@@ -137,10 +140,7 @@ async def test_a_keyed_start_over_its_limit_is_queued_then_runs(settings) -> Non
     goes the same way, with the run's key. Every run completes, with its one checkpoint."""
     dsn = settings.database_url
     ids = [f"limited-{i}" for i in range(3)]
-    for i, workflow_id in enumerate(ids):
-        await send_raw(settings, {"v": 1, "kind": "start", "workflow_id": workflow_id,
-                                  "workflow": "start-limited", "input": {"n": i}},
-                       group=workflow_id)
+    await _bare_starts(settings, "start-limited", {w: {"n": i} for i, w in enumerate(ids)})
     executed = await _run_counted(settings, limited, ids)
     # Three starts; each run that was queued (admitted by another's end, not by its own
     # start) has its admission message (no input) started with the run's key.
