@@ -91,6 +91,10 @@ async def test_a_start_whose_key_cannot_be_computed_is_refused(settings):
     # A producer's start message: quarantined with the reason, no run row, worker unharmed.
     bad = start_message("wf_raw_bad", "limited", {"tenant_missing": "secret-value"})
     await send_raw(settings, bad.to_json(), group="wf_raw_bad")
+    # No input and no run: the start without a key writes nothing ('unkeyed'), the input
+    # read finds none, and the key cannot be computed from nothing.
+    bare = start_message("wf_raw_none", "limited", None)
+    await send_raw(settings, bare.to_json(), group="wf_raw_none")
     good = start_message("wf_raw_good", "limited", {"tenant": "acme", "work_s": 0})
     await send_raw(settings, good.to_json(), group="wf_raw_good")
     worker = spawn_worker(settings, modules="tests.workflows_flow")
@@ -101,14 +105,17 @@ async def test_a_start_whose_key_cannot_be_computed_is_refused(settings):
                        what="the bad start quarantined")
     finally:
         assert stop_process(worker) == 0
-    reason = await fetchval(settings.database_url, "SELECT reason FROM quarantine "
-                            "WHERE workflow_id = 'wf_raw_bad'")
-    assert reason == "concurrency_key: concurrency_key of limited raised KeyError"
-    assert "secret-value" not in reason
+    reasons = dict((r["workflow_id"], r["reason"]) for r in await fetch(
+        settings.database_url, "SELECT workflow_id, reason FROM quarantine "
+        "WHERE workflow_id IN ('wf_raw_bad', 'wf_raw_none')"))
+    assert reasons == {
+        "wf_raw_bad": "concurrency_key: concurrency_key of limited raised KeyError",
+        "wf_raw_none": "concurrency_key: concurrency_key of limited raised TypeError"}
+    assert "secret-value" not in reasons["wf_raw_bad"]
     assert await fetchval(settings.database_url, "SELECT count(*) FROM workflow_runs WHERE "
-                          "workflow_id IN ('wf_raw_bad', 'wf_api_bad')") == 0
+                          "workflow_id IN ('wf_raw_bad', 'wf_api_bad', 'wf_raw_none')") == 0
 
 
 async def _quarantined(database_url: str) -> bool:
-    return bool(await fetchval(database_url, "SELECT count(*) FROM quarantine "
-                               "WHERE workflow_id = 'wf_raw_bad'"))
+    return await fetchval(database_url, "SELECT count(*) FROM quarantine "
+                          "WHERE workflow_id IN ('wf_raw_bad', 'wf_raw_none')") == 2
