@@ -52,6 +52,31 @@ class RunPosition:
     # The payload (JSON text) of the signal delivered to this seq (phasegate/waits.py).
     signal_json: str | None = None
 
+    # The two copies a hop makes, built field by field: ``dataclasses.replace`` walks the
+    # fields and costs twice as much, once or twice on every transition.
+
+    def after(self, commit: PhaseCommit) -> RunPosition:
+        """The position ``commit`` leaves when it advances the run from this one: running at
+        the next seq and phase, no attempts, the committed state, nothing delivered yet."""
+        assert commit.next_phase is not None
+        return RunPosition(
+            workflow_id=self.workflow_id, workflow=self.workflow, status="running",
+            next_seq=commit.seq + 1, base_seq=self.base_seq, current_phase=commit.next_phase,
+            schema_version=self.schema_version, input_json=self.input_json, attempts=0,
+            epoch=self.epoch, state_json=commit.state_json, state_hash=commit.state_hash,
+            state_version=commit.schema_version, progress_json=None,
+            classification=self.classification, region=self.region, signal_json=None)
+
+    def without_state(self) -> RunPosition:
+        """This position without what the next commit replaces (state, progress, signal)."""
+        return RunPosition(
+            workflow_id=self.workflow_id, workflow=self.workflow, status=self.status,
+            next_seq=self.next_seq, base_seq=self.base_seq, current_phase=self.current_phase,
+            schema_version=self.schema_version, input_json=self.input_json,
+            attempts=self.attempts, epoch=self.epoch, state_json=None, state_hash=None,
+            state_version=self.state_version, progress_json=None,
+            classification=self.classification, region=self.region, signal_json=None)
+
 
 def position_fields(row: asyncpg.Record) -> dict[str, Any]:
     """The columns every read of a position returns (``load_for_phase``'s, a branch's

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from phasegate import metrics
@@ -197,12 +197,7 @@ def hop_after(successor: Envelope, position: RunPosition, commit: PhaseCommit) -
     """The successor's hop from what this worker knows: ``position`` as read before ``commit``
     (``advance``; worker/own_successors.py)."""
     assert commit.next_phase is not None
-    next_position = replace(
-        position, status="running", next_seq=commit.seq + 1, current_phase=commit.next_phase,
-        attempts=0, state_json=commit.state_json, state_hash=commit.state_hash,
-        state_version=commit.schema_version, progress_json=None,
-        signal_json=None)
-    return Hop(successor, commit.next_phase, next_position, json.loads(commit.state_json))
+    return Hop(successor, commit.next_phase, position.after(commit), json.loads(commit.state_json))
 
 
 async def end_chain(chain: Chain, settlement: Settlement, leases: Leases,

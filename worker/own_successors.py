@@ -24,7 +24,7 @@ go first.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from phasegate import metrics
 from phasegate.envelope import Envelope
@@ -55,6 +55,7 @@ class OwnSuccessors:
         self._max_kept = max_kept
         self._max_bytes = max_bytes
         self._sent: dict[str, _Sent] = {}  # by deduplication id, oldest first
+        self._bodies: dict[str, str] = {}  # each kept body's deduplication id
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -65,8 +66,7 @@ class OwnSuccessors:
         """After a leased send's commit: ``position`` as the check read it before ``commit``,
         ``body`` the successor's JSON as sent."""
         # What the successor's hop replaces is not kept (the previous state may be 1 MiB).
-        position = replace(position, state_json=None, state_hash=None, progress_json=None,
-                           signal_json=None)
+        position = position.without_state()
         size = _size(body, position, commit)
         if size > self._max_bytes:
             return
@@ -77,7 +77,14 @@ class OwnSuccessors:
             self._forget(next(iter(self._sent)))
         self._sent[successor.dedup_id] = _Sent(body, successor, position, commit,
                                                time.monotonic() + self._keep_s)
+        self._bodies[body] = successor.dedup_id
         self._bytes += size
+
+    def envelope_sent(self, body: str) -> Envelope | None:
+        """The envelope this worker encoded as ``body``, if it is kept: a received copy of it
+        needs no parse (the text is the envelope's own ``to_json``)."""
+        dedup_id = self._bodies.get(body)
+        return None if dedup_id is None else self._sent[dedup_id].successor
 
     def take(self, envelope: Envelope, body: str) -> Hop | None:
         """The hop to run for a received message this worker sent (and forget it), or None:
@@ -101,6 +108,7 @@ class OwnSuccessors:
     def _forget(self, dedup_id: str) -> None:
         sent = self._sent.pop(dedup_id, None)
         if sent is not None:
+            self._bodies.pop(sent.body, None)
             self._bytes -= _size(sent.body, sent.position, sent.commit)
 
 

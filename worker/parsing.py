@@ -4,6 +4,7 @@ name why it is poison (worker/transition.py quarantines it through worker/poison
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -28,30 +29,20 @@ class Poison:
 
 
 def parse(message: Received, *, max_message_bytes: int, registry: Registry,
-          store: Store) -> tuple[Envelope, Workflow] | Poison:
+          store: Store, sent: Callable[[str], Envelope | None] | None = None
+          ) -> tuple[Envelope, Workflow] | Poison:
     """The envelope and its workflow, or why the message is poison (quarantined before any
-    row is written anywhere)."""
+    row is written anywhere). ``sent``: the envelope this worker encoded as a body, if it
+    did (``OwnSuccessors.envelope_sent``); the rest of the checks still run."""
     size = len(message.body.encode())
     if size > max_message_bytes:
         return Poison("oversized", f"{size} bytes > limit {max_message_bytes}")
-    try:
-        raw = json.loads(message.body)
-    except ValueError:
-        return Poison("not_json", "body is not valid JSON")
-    except RecursionError:  # the parser's own limit: deeper than anything we store
-        return Poison("too_deep", "body nests JSON deeper than the parser allows")
-    try:
-        envelope = Envelope.model_validate(raw)
-    except ValidationError as exc:
-        # Field names and error types only: pydantic's input echo may hold payload data.
-        # An unknown field's name is the producer's text: named only as "<unknown>".
-        fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
-                         else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
-        kinds = sorted({e["type"] for e in exc.errors()})
-        wid = raw.get("workflow_id") if isinstance(raw, dict) else None
-        return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
-                      wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.fullmatch(wid)
-                      else None)
+    envelope = sent(message.body) if sent is not None else None
+    if envelope is None:
+        decoded = _decode(message.body)
+        if isinstance(decoded, Poison):
+            return decoded
+        envelope = decoded
     workflow = registry.get(envelope.workflow)
     if workflow is None:
         return Poison("unknown_workflow",
@@ -68,3 +59,24 @@ def parse(message: Received, *, max_message_bytes: int, registry: Registry,
     if refused is not None:  # before any row is written: nothing is left `running`
         return Poison(*refused, envelope.workflow_id)
     return envelope, workflow
+
+
+def _decode(body: str) -> Envelope | Poison:
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return Poison("not_json", "body is not valid JSON")
+    except RecursionError:  # the parser's own limit: deeper than anything we store
+        return Poison("too_deep", "body nests JSON deeper than the parser allows")
+    try:
+        return Envelope.model_validate(raw)
+    except ValidationError as exc:
+        # Field names and error types only: pydantic's input echo may hold payload data.
+        # An unknown field's name is the producer's text: named only as "<unknown>".
+        fields = sorted({str(e["loc"][0]) if e["loc"] and e["loc"][0] in Envelope.model_fields
+                         else "<unknown>" if e["loc"] else "<root>" for e in exc.errors()})
+        kinds = sorted({e["type"] for e in exc.errors()})
+        wid = raw.get("workflow_id") if isinstance(raw, dict) else None
+        return Poison("invalid_envelope", f"fields {fields} failed {kinds}",
+                      wid if isinstance(wid, str) and WORKFLOW_ID_PATTERN.fullmatch(wid)
+                      else None)

@@ -164,7 +164,8 @@ class PhaseTransition:
 
     def parse(self, message: Received) -> tuple[Envelope, Workflow] | Poison:
         return parse(message, max_message_bytes=self.config.max_message_bytes,
-                     registry=self.registry, store=self.store)
+                     registry=self.registry, store=self.store,
+                     sent=self.own_successors.envelope_sent)
 
     # -- 2. check -----------------------------------------------------------------------------
 

@@ -94,6 +94,35 @@ def test_round_trip_and_canonical_hash():
     assert state_hash(canonical) == expected.hexdigest()
 
 
+@pytest.mark.parametrize("phase", [
+    "plain", "é-accent", "emoji-\U0001F600", "quote\"back\\slash", "ctl\x00\x01\x1f\t\n",
+    "del\x7f", "ff\ufffe", "slash/and<>&", "\u2028line-sep",
+])
+@pytest.mark.parametrize("extra", [
+    {},
+    {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"},
+    {"region": "eu-west", "classification": "regulated"},
+    {"branch": "b.1-x"},
+])
+def test_a_body_is_the_same_text_through_either_encoder(phase, extra):
+    """Without an input, to_json takes pydantic's encoder when its text is what json.dumps
+    writes: the body of an envelope never depends on the branch taken."""
+    for message in (phase_message("wf-1", f"w-{phase}", 7, phase, **{
+                        k: v for k, v in extra.items() if k in ("branch", "traceparent")}),
+                    Envelope(v=1, kind="merge", workflow_id="wf-1", workflow="w", seq=3,
+                             phase=phase, **extra)):
+        expected = json.dumps(message.model_dump(exclude_none=True), separators=(",", ":"))
+        assert message.to_json() == expected
+        assert Envelope.model_validate_json(message.to_json()) == message
+
+
+@pytest.mark.parametrize("value", [1e16, 0.1, -0.0, 2**63, "é", {"nested": [None, True]}])
+def test_a_start_body_with_its_input_is_json_dumps_text(value):
+    message = start_message("wf-2", "w", {"v": value})
+    assert message.to_json() == json.dumps(message.model_dump(exclude_none=True),
+                                           separators=(",", ":"))
+
+
 def test_non_json_state_is_refused():
     with pytest.raises(ValueError):
         canonical_json({"x": float("nan")})

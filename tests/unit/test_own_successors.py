@@ -5,7 +5,7 @@ within a count and a size."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -87,3 +87,28 @@ def test_the_previous_state_is_not_kept_and_the_runs_input_counts() -> None:
     assert hop is not None and hop.position.state_json == commit.state_json
     kept.remember(successor, body, replace(position, input_json='"' + "x" * 3000 + '"'), commit)
     assert len(kept) == 0
+
+
+def test_a_kept_body_names_its_envelope_until_it_is_taken() -> None:
+    kept = OwnSuccessors(lease_s=30)
+    successor, body, position, commit = _sent(1)
+    assert kept.envelope_sent(body) is None
+    kept.remember(successor, body, position, commit)
+    assert kept.envelope_sent(body) is successor
+    assert kept.envelope_sent(body + " ") is None
+    assert kept.take(successor, body) is not None
+    assert kept.envelope_sent(body) is None  # the second delivery is parsed as any message
+
+
+def test_the_positions_a_hop_copies_are_the_fields_replaced() -> None:
+    """``RunPosition.after`` and ``without_state`` build their copies field by field; a field
+    added to the position and not copied there would differ from ``replace`` here."""
+    _, _, _, commit = _sent(1)
+    # Every field its own value, so a field either copy forgets reads as its default.
+    position = RunPosition(**{f.name: f"<{f.name}>" for f in fields(RunPosition)})
+    assert position.after(commit) == replace(
+        position, status="running", next_seq=commit.seq + 1, current_phase=commit.next_phase,
+        attempts=0, state_json=commit.state_json, state_hash=commit.state_hash,
+        state_version=commit.schema_version, progress_json=None, signal_json=None)
+    assert position.without_state() == replace(position, state_json=None, state_hash=None,
+                                               progress_json=None, signal_json=None)
