@@ -24,7 +24,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import PHASES, chaos, is_tree
+from bench.chaos.workload import PHASES, chaos, chaos_keyed, is_keyed, is_tree
 from phasegate.envelope import dedup_id, phase_message, start_message
 from phasegate.orchestrator.embedded import EmbeddedPostgres
 
@@ -151,7 +151,7 @@ class Injector:
         with the original dedup id (inside the window: SQS drops it)."""
         if not self.run.started:
             return
-        linear = [w for w in self.run.started if not is_tree(w)]  # envelopes of `chaos`
+        linear = [w for w in self.run.started if not is_tree(w)]  # five phases each
         picks = self.run.rng.sample(linear, min(count, len(linear)))
         try:
             rows = await self.pool.fetch("SELECT workflow_id, next_seq, status FROM "
@@ -161,9 +161,11 @@ class Injector:
         for row in rows:
             wid, next_seq = row["workflow_id"], row["next_seq"]
             seqs = [s for s in (next_seq - 1, next_seq) if 0 <= s < len(PHASES)]
+            name = chaos_keyed.name if is_keyed(wid) else chaos.name
             for seq in seqs:
-                envelope = (start_message(wid, chaos.name, None) if seq == 0 else
-                            phase_message(wid, chaos.name, seq, PHASES[seq]))
+                # A keyed run's start again, without its input: the key is the run's own.
+                envelope = (start_message(wid, name, None) if seq == 0 else
+                            phase_message(wid, name, seq, PHASES[seq]))
                 for dedup, label in ((uuid.uuid4().hex, "duplicate_after_window"),
                                      (dedup_id(wid, "main", seq), "duplicate_in_window")):
                     await self.client.send_message(
@@ -172,8 +174,8 @@ class Injector:
                     self.run.fired[label] += 1
 
     async def _send_poison(self) -> None:
-        # Poison names the `chaos` workflow: send it into the group of a linear run.
-        linear = [w for w in self.run.started if not is_tree(w)]
+        # Poison names the `chaos` workflow: send it into the group of a run of it.
+        linear = [w for w in self.run.started if not is_tree(w) and not is_keyed(w)]
         live = self.run.rng.choice(linear) if linear else "none"
         for kind in POISON_KINDS:
             poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)

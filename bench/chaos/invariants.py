@@ -1,4 +1,4 @@
-"""The invariants I1-I7, checked at the end from the database and the downstream ledger.
+"""The invariants I1-I9, checked at the end from the database and the downstream ledger.
 
 I1 every run completed (or its message quarantined) - 0 lost;
 I2 exactly one phase checkpoint per (workflow, branch, seq), no gaps, phases in order;
@@ -19,6 +19,8 @@ I9 every run that has not ended has its position (run_positions, migration 0017)
    moves only the position's), so there the position's is never older than the run row's.
    A chain that holds a live lease may have its position behind its run row until its
    worker's next heartbeat (migration 0030), and only such a chain.
+I10 (``--keyed``) a concurrency key never had more runs holding a slot than its limit, and
+   some run waited for one (bench/chaos/keyed.py samples it through the run).
 
 I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """

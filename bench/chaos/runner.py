@@ -9,7 +9,7 @@ Layout (all on 127.0.0.1):
 
 The runner starts the workflows at a steady pace over the fault window, fires the schedule,
 restarts workers that die, waits for the system to drain, stops everything with SIGTERM and
-checks I1-I7.
+checks the invariants (bench/chaos/invariants.py; I10 of a keyed workload: bench/chaos/keyed.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -33,16 +31,25 @@ import aioboto3
 import asyncpg
 
 from bench.chaos.downstream import Downstream
-from bench.chaos.fleet import FAULT_LINE, ROOT, Fleet, LogStats, read_logs
+from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import Result, SentPoison, check_all
+from bench.chaos.keyed import SlotWatch, i10_keys_within_limit, start_keyed, waited
+from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, TREE_PREFIX, chaos, chaos_tree
+from bench.chaos.workload import (
+    DOWNSTREAM_ENV,
+    KEYED_PREFIX,
+    PHASES,
+    TREE_PREFIX,
+    chaos,
+    chaos_tree,
+)
 from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
-from phasegate.orchestrator.embedded import EmbeddedPostgres, free_port, local_aws_env
+from phasegate.orchestrator.embedded import EmbeddedPostgres, local_aws_env
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.store import Store, create_pool
@@ -66,6 +73,8 @@ class ChaosConfig:
     pgbouncer: bool = False
     # Every Nth run is a chaos-tree run (nested branches under the same faults); 0: none.
     branching_every: int = 0
+    # Every Nth run is a chaos-keyed run (a concurrency key; invariant I10); 0: none.
+    keyed_every: int = 0
     # Local continuation in the fleet (PHASEGATE_CONTINUATION; on by default, as in production).
     continuation: bool = True
 
@@ -98,50 +107,13 @@ class Report:
                       + (" --long" if self.config.long else "")
                       + (f" --branching {self.config.branching_every}"
                          if self.config.branching_every else "")
+                      + (f" --keyed {self.config.keyed_every}" if self.config.keyed_every
+                         else "")
                       + (" --pgbouncer" if self.config.pgbouncer else "")
                       + ("" if self.config.continuation else " --continuation off"),
                       "fault schedule:",
                       self.schedule_text]
         return "\n".join(lines)
-
-
-class MotoProcess:
-    """moto's SQS server in its own process, so its work does not share the runner's GIL."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        log = open(log_dir / "moto.log", "wb")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.chaos.moto_server", "-H", "127.0.0.1", "-p",
-             str(self.port)],
-            stdout=log, stderr=log, cwd=ROOT,
-            env={**os.environ, **local_aws_env(), "PYTHONPATH": str(ROOT)})
-        log.close()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def ready(self, within_s: float = 30) -> None:
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                await asyncio.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 class ChaosRun:
@@ -159,6 +131,7 @@ class ChaosRun:
         self.sigterm_codes: list[int] = []
         self.drain_seconds: list[float] = []
         self.production_s = 0.0
+        self.slots = SlotWatch()
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -217,6 +190,9 @@ class ChaosRun:
                 faults_expected=self._expected_faults(), faults_fired=fired,
                 drain_s=drain_s, drain_bound_s=config.drain_bound_s)
             results.append(self._clean_stops(fleet, exit_codes))
+            keyed = [w for w in self.started if w.startswith(KEYED_PREFIX)]
+            if keyed:
+                results.append(i10_keys_within_limit(self.slots, len(keyed), await waited(pg.dsn)))
             results.append(budget_charged_only_by_phase_errors(read_logs(log_dir)))
             stats = self._stats(log_dir, downstream, began)
         finally:
@@ -272,6 +248,9 @@ class ChaosRun:
                             sqs_proxy=sqs_proxy, downstream=downstream, client=client,
                             queue_url=queue_url, pool=pool)
         producer = asyncio.create_task(self._produce(pool, queue_url, window * 0.8))
+        watched = asyncio.Event()
+        watch = asyncio.create_task(self.slots.watch(pool, lambda: time.monotonic() - start,
+                                                     watched))
         events = list(self.schedule.events)
         background: set[asyncio.Task[None]] = set()
         last_progress = 0.0
@@ -309,6 +288,8 @@ class ChaosRun:
         self.say("all runs started; waiting for the system to drain")
         drained = await self._wait_drained(fleet, pool, client, queue_url, restarts)
         self.production_s = time.monotonic() - start
+        watched.set()
+        await watch
         return drained
 
     async def _produce(self, pool: asyncpg.Pool, queue_url: str, over_s: float) -> None:
@@ -323,12 +304,16 @@ class ChaosRun:
                 if delay > 0:
                     await asyncio.sleep(delay)  # the production pace of the schedule
                 await self._backpressure(pool)
-                every = self.config.branching_every
+                every, keyed_every = self.config.branching_every, self.config.keyed_every
                 tree = every > 0 and i % every == 0
-                prefix = TREE_PREFIX if tree else "cx"
+                keyed = not tree and keyed_every > 0 and i % keyed_every == keyed_every - 1
+                prefix = TREE_PREFIX if tree else KEYED_PREFIX if keyed else "cx"
                 wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:
+                        if keyed:
+                            await start_keyed(store, queue, i, wid)
+                            break
                         await start_workflow(store, queue, workflow=chaos_tree if tree
                                              else chaos, input={"i": i}, workflow_id=wid)
                         break

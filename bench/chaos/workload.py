@@ -2,6 +2,7 @@
 downstream test service (bench/chaos/downstream.py), keyed by the step's idempotency key.
 With ``--branching`` a share of the runs is ``chaos-tree`` instead: a fork of 2 on main whose
 branches fork 2 again (6 branches, 3 forks, 11 phases), every phase making the same write step.
+With ``--keyed`` a share is ``chaos-keyed``: the same five phases under a concurrency key.
 
 Loaded by worker processes with ``PHASEGATE_WORKFLOW_MODULES=bench.chaos.workload``; the
 downstream's URL comes from ``PHASEGATE_CHAOS_DOWNSTREAM_URL``. ``chaos-other`` exists only so
@@ -68,7 +69,7 @@ def work_seconds(workflow_id: str, seq: int) -> float:
     return LONG_PHASE_S if digest % 30 == 0 else (digest % 20) / 1000
 
 
-def _make_phase(name: str) -> None:
+def _make_phase(name: str, workflow: Workflow) -> None:
     async def phase(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(work_seconds(ctx.workflow_id, ctx.seq))  # the phase's own work
         effect = await write_step(ctx)
@@ -76,11 +77,31 @@ def _make_phase(name: str) -> None:
                 "effects": [*state.get("effects", []), effect["effect_id"]]}
 
     phase.__name__ = f"chaos_{name}"
-    chaos.phase(name)(phase)
+    workflow.phase(name)(phase)
+
+
+# -- the keyed workload (``--keyed``): the same five phases, at most KEYED_LIMIT runs of a key
+# past their start at once (docs/how-to/concurrency.md); the rest wait `queued` in Postgres.
+KEYED_PREFIX = "ck"  # the workflow ids of chaos-keyed runs start with it
+KEYED_LIMIT = 2
+KEYED_KEYS = ("tenant-a", "tenant-b")
+
+
+def _tenant(input: dict[str, Any]) -> str:
+    return str(input["tenant"])
+
+
+chaos_keyed = Workflow("chaos-keyed", schema_version=1, concurrency_key=_tenant,
+                       max_concurrency=KEYED_LIMIT)
+
+
+def is_keyed(workflow_id: str) -> bool:
+    return workflow_id.startswith(KEYED_PREFIX)
 
 
 for _name in PHASES:
-    _make_phase(_name)
+    _make_phase(_name, chaos)
+    _make_phase(_name, chaos_keyed)
 
 
 # -- the branching workload: plan -> [expand -> [leaf] x 2 -> collect] x 2 -> gather -> publish

@@ -6,6 +6,7 @@ import asyncpg
 import pytest
 
 from bench.chaos.fleet import Fleet, WorkerProcess
+from bench.chaos.keyed import SlotWatch, i10_keys_within_limit
 from bench.chaos.pg_proxy import classify
 from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
 from bench.chaos.workload import expected_key
@@ -208,3 +209,30 @@ def test_a_worker_stopped_while_its_dependencies_hang_stops_at_once() -> None:
         server.close()
         for connection in held:
             connection.close()
+
+
+class _Holders:
+    """A pool whose slot-holder query answers the counts given, one answer per sample."""
+
+    def __init__(self, *answers: dict[str, int] | BaseException) -> None:
+        self.answers = list(answers)
+
+    async def fetch(self, *args: object) -> list[dict[str, object]]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return [{"concurrency_key": k, "n": n} for k, n in answer.items()]
+
+
+async def test_i10_fails_on_a_sample_over_the_limit_and_on_a_queue_never_used() -> None:
+    watch = SlotWatch(limit=2)
+    pool = _Holders({"a": 1}, ConnectionResetError("restarting"), {"a": 2, "b": 2})
+    for at in range(3):
+        await watch.sample(pool, float(at))  # type: ignore[arg-type]
+    assert (watch.samples, watch.failed, watch.most) == (2, 1, {"a": 2, "b": 2})
+    assert i10_keys_within_limit(watch, keyed_runs=10, waited_runs=3).ok
+    # No run ever waited: the limit was never put to the test, so the run proves nothing.
+    assert not i10_keys_within_limit(watch, keyed_runs=10, waited_runs=0).ok
+    await watch.sample(_Holders({"b": 3}), 9.5)  # type: ignore[arg-type]
+    result = i10_keys_within_limit(watch, keyed_runs=10, waited_runs=3)
+    assert not result.ok and "b: 3 holders at 9.5s" in result.detail

@@ -21,6 +21,12 @@ from phasegate.orchestrator.relay import Relay
 from phasegate.store import PhaseCommit, Store
 from phasegate.workflow import Workflow
 from tests.helpers import fetch, fetchval, queue_for, store_for, wait_for
+from tests.integration.test_group_commit import (
+    behind_a_held_head,
+    commit_of,
+    grouped_store,
+    running,
+)
 from tests.workflows_flow import limited, single
 
 ROUNDS = 2
@@ -230,3 +236,63 @@ async def test_a_plain_workflows_runs_have_no_key_and_wake_nothing(database_url)
                            "WHERE workflow_id = 'wf_plain'"))[0]
         assert tuple(row) == (None, "completed")
         assert await fetchval(database_url, "SELECT count(*) FROM run_admissions") == 0
+
+
+POSITIONS_OF_LIVE_RUNS = """
+SELECT r.workflow_id, r.status AS run, p.status AS position
+  FROM workflow_runs r LEFT JOIN run_positions p USING (workflow_id)
+ WHERE r.workflow_id = ANY($1) ORDER BY r.workflow_id
+"""
+
+
+@pytest.mark.parametrize("path", ["commit", "grouped", "failure"])
+async def test_an_admitted_runs_position_follows_its_admission(database_url, path):
+    """The runs a freed slot admits show `pending` in their positions too (what the stall
+    report and the relay's rescue of a lost message read), whichever statement frees the
+    slot. The final commit writes its own run's position and stands the position trigger
+    down for its statement; the admissions its slot trigger made inside that statement were
+    left `queued` there (chaos seed 74 with --keyed 2: an admission message lost, the run
+    stranded `pending`, never rescued)."""
+    async with store_for(database_url) as store, \
+            grouped_store(database_url) as grouped:
+        ids = [f"wf_pos_{path}_{n}" for n in ("a", "b", "q1", "q2")]
+        assert [await start(store, limited, i) for i in ids] == ["pending"] * 2 + ["queued"] * 2
+        if path == "commit":
+            for run in ids[:2]:
+                assert await store.commit_phase(final_commit(run, "begin")) is not None
+        elif path == "grouped":  # both final commits rows of one commit_phases statement
+            await running(grouped, "wf_pos_head")
+            _, results = await behind_a_held_head(
+                database_url, grouped, (commit_of("wf_pos_head"), None),
+                [(final_commit(run, "begin"), None) for run in ids[:2]])
+            assert all(r is not None and not isinstance(r, BaseException) for r in results)
+            assert grouped.group_commit is not None and grouped.group_commit.statements == 1
+        else:
+            for run in ids[:2]:
+                assert await store.record_failure(run, 0, "Boom", max_attempts=1) == \
+                    (1, "failed")
+    rows = await fetch(database_url, POSITIONS_OF_LIVE_RUNS, ids[2:])
+    assert [tuple(r) for r in rows] == [(i, "pending", "pending") for i in ids[2:]]
+
+
+async def test_an_admission_lost_after_a_final_commit_is_sent_again(settings):
+    """The consequence the position decides: the relay's stall rescue reads run_positions, so
+    the start message of a run admitted by another run's final commit, once SQS lost it, is
+    sent again (under a new deduplication id) instead of leaving the run `pending` for good."""
+    async with store_for(settings.database_url) as store, queue_for(settings) as queue:
+        a, b, q = "wf_lost_a", "wf_lost_b", "wf_lost_q"
+        assert [await start(store, limited, i) for i in (a, b, q)] == \
+            ["pending", "pending", "queued"]
+        assert await store.commit_phase(final_commit(a, "begin")) is not None
+        # Stalled at once, and the relay's own claim on the row it sent gone at once (in
+        # production the claim, 30 s, ends long before a run counts as stalled, 300 s).
+        relay = Relay(store=store, queue=queue, after_s=0, stall_after_s=0, claim_ttl_s=0.001)
+        assert await relay.relay_once() == 1  # the admission, sent
+        [lost] = await queue.receive(10, 0, 30)
+        await queue.delete([lost.receipt_handle])  # gone unprocessed: what a lost message is
+        assert json.loads(lost.body)["workflow_id"] == q
+        assert await relay.requeue_stalled() == 1
+        assert await relay.relay_once() == 1
+        [again] = await queue.receive(10, 0, 30)
+        assert (json.loads(again.body)["workflow_id"], json.loads(again.body)["kind"]) == \
+            (q, "start")

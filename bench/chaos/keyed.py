@@ -1,0 +1,111 @@
+"""The keyed workload under chaos (``--keyed N``): every Nth run is ``chaos-keyed``, whose runs
+share two concurrency keys with a limit of two, started half through the API's start (the
+slot taken where the run is created) and half as a producer's bare start message (the slot
+taken by the worker that receives it).
+
+I10 holds when no sample ever saw more runs of one key holding a slot than the limit, and
+some run had to wait its turn (so the queue and its admissions were exercised, not only the
+free slots). The slot holders are counted in one statement, a consistent snapshot of the run
+rows, several times a second through the whole run, Postgres restarts included (a sample that
+fails is skipped and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from bench.chaos.invariants import Result
+from bench.chaos.workload import KEYED_KEYS, KEYED_LIMIT, chaos_keyed
+from phasegate.envelope import start_message
+from phasegate.orchestrator.starter import start_workflow
+from phasegate.queue import Outgoing, Queue
+from phasegate.store import Store
+
+SAMPLE_EVERY_S = 0.2
+
+# A slot is held by every run of the key that is neither queued nor ended
+# (docs/how-to/concurrency.md).
+SLOT_HOLDERS = """
+SELECT concurrency_key, count(*) AS n
+  FROM workflow_runs
+ WHERE workflow = $1 AND concurrency_key IS NOT NULL
+   AND status NOT IN ('queued', 'completed', 'failed', 'cancelled')
+ GROUP BY concurrency_key
+"""
+
+# Admitted in a later transaction than the one that queued it: the run waited for a slot.
+WAITED = """
+SELECT count(*) FROM run_admissions WHERE workflow = $1 AND admitted_at > queued_at
+"""
+
+DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+@dataclass
+class SlotWatch:
+    """The most runs of each key seen holding a slot at once, and every sample above the
+    limit."""
+
+    limit: int = KEYED_LIMIT
+    samples: int = 0
+    failed: int = 0
+    most: dict[str, int] = field(default_factory=dict)
+    over: list[str] = field(default_factory=list)
+
+    async def sample(self, pool: asyncpg.Pool, at_s: float) -> None:
+        try:
+            rows = await pool.fetch(SLOT_HOLDERS, chaos_keyed.name)
+        except DATABASE_ERRORS:
+            self.failed += 1  # Postgres is restarting; the next sample looks again
+            return
+        self.samples += 1
+        for row in rows:
+            key, n = row["concurrency_key"], row["n"]
+            self.most[key] = max(n, self.most.get(key, 0))
+            if n > self.limit:
+                self.over.append(f"{key}: {n} holders at {at_s:.1f}s")
+
+    async def watch(self, pool: asyncpg.Pool, clock: Any, stop: asyncio.Event) -> None:
+        """Samples until ``stop`` is set, ``SAMPLE_EVERY_S`` apart."""
+        while not stop.is_set():
+            await self.sample(pool, clock())
+            # The sampling cadence, not a synchronisation: the stop ends the wait at once.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+
+
+async def start_keyed(store: Store, queue: Queue, i: int, workflow_id: str) -> None:
+    """Run ``i`` of the keyed workload: even through the API's start, odd as a bare start
+    message (no run row until a worker takes its slot)."""
+    input = {"i": i, "tenant": KEYED_KEYS[(i // 2) % len(KEYED_KEYS)]}
+    if i % 2 == 0:
+        await start_workflow(store, queue, workflow=chaos_keyed, input=input,
+                             workflow_id=workflow_id)
+        return
+    message = start_message(workflow_id, chaos_keyed.name, input)
+    await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
+
+
+async def waited(dsn: str) -> int:
+    connection = await asyncpg.connect(dsn)
+    try:
+        n: int = await connection.fetchval(WAITED, chaos_keyed.name)
+    finally:
+        await connection.close()
+    return n
+
+
+def i10_keys_within_limit(watch: SlotWatch, keyed_runs: int, waited_runs: int) -> Result:
+    ok = not watch.over and watch.samples > 0 and waited_runs > 0
+    return Result(
+        f"I10 a concurrency key never had more than {watch.limit} runs holding a slot",
+        ok, f"{keyed_runs} keyed runs, {waited_runs} waited for a slot; most holders seen per "
+        f"key {dict(sorted(watch.most.items()))} in {watch.samples} samples "
+        f"({watch.failed} failed)"
+        + (f"; over the limit: {watch.over[:5]}" if watch.over else "")
+        + ("; no run ever waited: the queue was not exercised" if not waited_runs else ""))
