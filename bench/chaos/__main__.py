@@ -1,5 +1,5 @@
 """``python -m bench.chaos --seed N --workflows N [--workers N] [--long] [--branching N]
-[--pgbouncer] [--keyed N] [--continuation on|off]``: one chaos run.
+[--pgbouncer] [--keyed N] [--waits N] [--continuation on|off]``: one chaos run.
 
 Exit status 0 when every invariant held, 1 otherwise (the report names the failing invariant,
 the seed and the full fault schedule, which the same command line reproduces).
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keyed", type=int, default=0, metavar="N",
                         help="every Nth run is a keyed run (a concurrency key of limit 2 "
                              "shared by half of them; invariant I10); 0: none")
+    parser.add_argument("--waits", type=int, default=0, metavar="N",
+                        help="every Nth run waits: a timer, then a signal the runner sends "
+                             "(invariant I11); 0: none")
     parser.add_argument("--continuation", choices=("on", "off"), default="on",
                         help="local continuation in the fleet (on, the default, as in "
                              "production; off: every hop through SQS, no mid_chain kill)")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                    drain_bound_s=args.drain_bound, log_dir=args.log_dir,
                                    pgbouncer=args.pgbouncer,
                                    branching_every=args.branching,
-                                   keyed_every=args.keyed,
+                                   keyed_every=args.keyed, wait_every=args.waits,
                                    continuation=args.continuation == "on"))
     print(report.text(), flush=True)
     return 0 if report.ok else 1

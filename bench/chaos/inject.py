@@ -24,7 +24,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import PHASES, chaos, chaos_keyed, is_keyed, is_tree
+from bench.chaos.workload import PHASES, chaos, chaos_keyed, chaos_wait, is_keyed, is_tree, is_wait
 from phasegate.envelope import dedup_id, phase_message, start_message
 from phasegate.orchestrator.embedded import EmbeddedPostgres
 
@@ -161,7 +161,8 @@ class Injector:
         for row in rows:
             wid, next_seq = row["workflow_id"], row["next_seq"]
             seqs = [s for s in (next_seq - 1, next_seq) if 0 <= s < len(PHASES)]
-            name = chaos_keyed.name if is_keyed(wid) else chaos.name
+            name = (chaos_keyed.name if is_keyed(wid) else chaos_wait.name if is_wait(wid)
+                    else chaos.name)
             for seq in seqs:
                 # A keyed run's start again, without its input: the key is the run's own.
                 envelope = (start_message(wid, name, None) if seq == 0 else
@@ -175,7 +176,8 @@ class Injector:
 
     async def _send_poison(self) -> None:
         # Poison names the `chaos` workflow: send it into the group of a run of it.
-        linear = [w for w in self.run.started if not is_tree(w) and not is_keyed(w)]
+        linear = [w for w in self.run.started
+                  if not is_tree(w) and not is_keyed(w) and not is_wait(w)]
         live = self.run.rng.choice(linear) if linear else "none"
         for kind in POISON_KINDS:
             poison = make_poison(kind, live_workflow_id=live, max_message_bytes=MAX_MESSAGE_BYTES)

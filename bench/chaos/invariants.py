@@ -21,6 +21,8 @@ I9 every run that has not ended has its position (run_positions, migration 0017)
    worker's next heartbeat (migration 0030), and only such a chain.
 I10 (``--keyed``) a concurrency key never had more runs holding a slot than its limit, and
    some run waited for one (bench/chaos/keyed.py samples it through the run).
+I11 (``--waits``) every waiting run kept its timer and got its signal once
+   (bench/chaos/waits.py).
 
 I2 and I4 are about one chain per run and apply to the linear runs; I3 covers every chain.
 """

@@ -9,7 +9,7 @@ Layout (all on 127.0.0.1):
 
 The runner starts the workflows at a steady pace over the fault window, fires the schedule,
 restarts workers that die, waits for the system to drain, stops everything with SIGTERM and
-checks the invariants (bench/chaos/invariants.py; I10 of a keyed workload: bench/chaos/keyed.py).
+checks the invariants (bench/chaos/invariants.py; I10 and I11: bench/chaos/keyed.py, waits.py).
 """
 
 from __future__ import annotations
@@ -39,13 +39,16 @@ from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
 from bench.chaos.sqs_proxy import SqsFaultProxy
+from bench.chaos.waits import SignalSender, i11_waits_kept
 from bench.chaos.workload import (
     DOWNSTREAM_ENV,
     KEYED_PREFIX,
     PHASES,
     TREE_PREFIX,
+    WAIT_PREFIX,
     chaos,
     chaos_tree,
+    chaos_wait,
 )
 from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
@@ -75,6 +78,8 @@ class ChaosConfig:
     branching_every: int = 0
     # Every Nth run is a chaos-keyed run (a concurrency key; invariant I10); 0: none.
     keyed_every: int = 0
+    # Every Nth run is a chaos-wait run (a timer and a signal; invariant I11); 0: none.
+    wait_every: int = 0
     # Local continuation in the fleet (PHASEGATE_CONTINUATION; on by default, as in production).
     continuation: bool = True
 
@@ -109,6 +114,7 @@ class Report:
                          if self.config.branching_every else "")
                       + (f" --keyed {self.config.keyed_every}" if self.config.keyed_every
                          else "")
+                      + (f" --waits {self.config.wait_every}" if self.config.wait_every else "")
                       + (" --pgbouncer" if self.config.pgbouncer else "")
                       + ("" if self.config.continuation else " --continuation off"),
                       "fault schedule:",
@@ -132,6 +138,7 @@ class ChaosRun:
         self.drain_seconds: list[float] = []
         self.production_s = 0.0
         self.slots = SlotWatch()
+        self.signals = SignalSender(random.Random(config.seed ^ 0x516))
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -193,6 +200,8 @@ class ChaosRun:
             keyed = [w for w in self.started if w.startswith(KEYED_PREFIX)]
             if keyed:
                 results.append(i10_keys_within_limit(self.slots, len(keyed), await waited(pg.dsn)))
+            if self.signals.answers:
+                results.append(await i11_waits_kept(pg.dsn, self.signals))
             results.append(budget_charged_only_by_phase_errors(read_logs(log_dir)))
             stats = self._stats(log_dir, downstream, began)
         finally:
@@ -285,6 +294,7 @@ class ChaosRun:
                 await self._progress(pool, fleet)
             await asyncio.sleep(0.1)  # the schedule's clock tick, not a synchronisation
         producer.result()
+        await self.signals.finished()
         self.say("all runs started; waiting for the system to drain")
         drained = await self._wait_drained(fleet, pool, client, queue_url, restarts)
         self.production_s = time.monotonic() - start
@@ -307,7 +317,11 @@ class ChaosRun:
                 every, keyed_every = self.config.branching_every, self.config.keyed_every
                 tree = every > 0 and i % every == 0
                 keyed = not tree and keyed_every > 0 and i % keyed_every == keyed_every - 1
-                prefix = TREE_PREFIX if tree else KEYED_PREFIX if keyed else "cx"
+                wait_every = self.config.wait_every
+                waits = (not tree and not keyed and wait_every > 0
+                         and i % wait_every == wait_every // 2)
+                prefix = (TREE_PREFIX if tree else KEYED_PREFIX if keyed else WAIT_PREFIX
+                          if waits else "cx")
                 wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:
@@ -315,11 +329,14 @@ class ChaosRun:
                             await start_keyed(store, queue, i, wid)
                             break
                         await start_workflow(store, queue, workflow=chaos_tree if tree
-                                             else chaos, input={"i": i}, workflow_id=wid)
+                                             else chaos_wait if waits else chaos,
+                                             input={"i": i}, workflow_id=wid)
                         break
                     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                         await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly
                 self.started.append(wid)
+                if waits:
+                    self.signals.schedule(pool, wid)
 
     async def _backpressure(self, pool: asyncpg.Pool) -> None:
         """At most MAX_UNFINISHED runs in flight: moto rescans its queue on every call, so a

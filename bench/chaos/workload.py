@@ -2,7 +2,8 @@
 downstream test service (bench/chaos/downstream.py), keyed by the step's idempotency key.
 With ``--branching`` a share of the runs is ``chaos-tree`` instead: a fork of 2 on main whose
 branches fork 2 again (6 branches, 3 forks, 11 phases), every phase making the same write step.
-With ``--keyed`` a share is ``chaos-keyed``: the same five phases under a concurrency key.
+With ``--keyed`` a share is ``chaos-keyed``: the same five phases under a concurrency key; with
+``--waits`` a share is ``chaos-wait``: the same five phases with a timer and a signal wait.
 
 Loaded by worker processes with ``PHASEGATE_WORKFLOW_MODULES=bench.chaos.workload``; the
 downstream's URL comes from ``PHASEGATE_CHAOS_DOWNSTREAM_URL``. ``chaos-other`` exists only so
@@ -69,12 +70,15 @@ def work_seconds(workflow_id: str, seq: int) -> float:
     return LONG_PHASE_S if digest % 30 == 0 else (digest % 20) / 1000
 
 
-def _make_phase(name: str, workflow: Workflow) -> None:
+def _make_phase(name: str, workflow: Workflow, *, waits: bool = False) -> None:
     async def phase(ctx: Context, state: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(work_seconds(ctx.workflow_id, ctx.seq))  # the phase's own work
         effect = await write_step(ctx)
-        return {**state, "trail": [*state.get("trail", []), name],
-                "effects": [*state.get("effects", []), effect["effect_id"]]}
+        state = {**state, "trail": [*state.get("trail", []), name],
+                 "effects": [*state.get("effects", []), effect["effect_id"]]}
+        if waits:
+            state = _wait_after(ctx, name, state)
+        return state
 
     phase.__name__ = f"chaos_{name}"
     workflow.phase(name)(phase)
@@ -99,9 +103,34 @@ def is_keyed(workflow_id: str) -> bool:
     return workflow_id.startswith(KEYED_PREFIX)
 
 
+# -- the waiting workload (``--waits``): the same five phases, a timer after `fetch` and a wait
+# for a signal after `write` (docs/how-to/timers.md, signals.md); the runner sends the signal
+# from outside the fleet (bench/chaos/waits.py).
+WAIT_PREFIX = "cw"  # the workflow ids of chaos-wait runs start with it
+WAIT_TIMER_S = 0.5
+WAIT_SIGNAL = "go"
+WAIT_SIGNAL_TIMEOUT_S = 600.0  # far past any chaos run: a timeout means a lost signal
+chaos_wait = Workflow("chaos-wait", schema_version=1)
+
+
+def is_wait(workflow_id: str) -> bool:
+    return workflow_id.startswith(WAIT_PREFIX)
+
+
+def _wait_after(ctx: Context, name: str, state: dict[str, Any]) -> dict[str, Any]:
+    if name == "fetch":
+        ctx.defer_next(WAIT_TIMER_S)
+    elif name == "write":
+        ctx.wait_for_signal(WAIT_SIGNAL, timeout_s=WAIT_SIGNAL_TIMEOUT_S)
+    elif name == "publish":  # the phase after the wait: what the signal carried (None: timeout)
+        state = {**state, "signal": ctx.signal}
+    return state
+
+
 for _name in PHASES:
     _make_phase(_name, chaos)
     _make_phase(_name, chaos_keyed)
+    _make_phase(_name, chaos_wait, waits=True)
 
 
 # -- the branching workload: plan -> [expand -> [leaf] x 2 -> collect] x 2 -> gather -> publish

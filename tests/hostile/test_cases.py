@@ -8,6 +8,7 @@ import json
 
 from phasegate.envelope import canonical_json, phase_message, state_hash
 from phasegate.orchestrator.starter import start_workflow
+from phasegate.signals import send_signal
 from tests.helpers import all_done, fetch, fetchval, queue_for, store_for, wait_for
 from tests.hostile import workflows_hostile as hw
 from tests.hostile.fleet import (
@@ -184,3 +185,36 @@ async def test_a_crashing_transition_is_quarantined_after_three_deliveries(setti
     async with queue_for(settings) as queue:
         depth = await queue.depth()
     assert (depth.visible, depth.inflight) == (0, 0)  # deleted, not left for SQS's redrive
+
+
+async def _waiting(settings, workflow_id: str) -> bool:
+    return await fetchval(settings.database_url, "SELECT status FROM workflow_runs "
+                          "WHERE workflow_id = $1", workflow_id) == "waiting"
+
+
+async def _queue_empty(settings) -> bool:
+    async with queue_for(settings) as queue:
+        depth = await queue.depth()
+    return depth.visible == 0 and depth.inflight == 0
+
+
+async def test_a_forged_message_does_not_end_a_wait(settings, tmp_path):
+    """Anyone who can send to the queue can write the message of the phase after a wait. It
+    comes before the wait is over, so it is dropped as stale: the run keeps waiting for its
+    approval, and the phase after it sees the approval, not a timeout's None."""
+    wid = await start(settings, hw.gated, {"secret": CANARY})
+    with fleet(settings, tmp_path):
+        await wait_for(lambda: _waiting(settings, wid), what="the run waiting for approval")
+        await send(settings, {"v": 1, "kind": "phase", "workflow_id": wid, "workflow": "gated",
+                              "seq": 1, "phase": "act"}, group=wid)
+        await wait_for(lambda: _queue_empty(settings), what="the forged message handled")
+        assert await _waiting(settings, wid)
+        async with store_for(settings.database_url) as store, queue_for(settings) as queue:
+            sent = await send_signal(store.pool, wid, "approval", {"ok": True}, queue=queue)
+        assert sent.delivered
+        await wait_for(lambda: all_done(settings.database_url, [wid]), what="run done")
+    [state] = await fetch(settings.database_url, "SELECT state::text FROM checkpoints "
+                          "WHERE workflow_id = $1 AND seq = 1", wid)
+    assert json.loads(state["state"]) == {"approval": {"ok": True}}
+    assert await quarantine_codes(settings) == {}
+    await assert_nothing_leaked(settings)

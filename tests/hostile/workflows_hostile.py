@@ -111,6 +111,22 @@ async def good_two(ctx: Context, state: Any) -> Any:
     return {"n": state["n"] + 1}
 
 
+# Waits for an approval (a signal), then keeps what it got: a forged message for "act" must
+# not end the wait.
+gated = Workflow("gated")
+
+
+@gated.phase("ask")
+async def gated_ask(ctx: Context, state: Any) -> Any:
+    ctx.wait_for_signal("approval", timeout_s=3600)
+    return state
+
+
+@gated.phase("act")
+async def gated_act(ctx: Context, state: Any) -> Any:
+    return {"approval": ctx.signal}
+
+
 # The fuzzer's state generator: the start input describes the state the phase returns, in
 # storable JSON, and the phase builds the hostile value (a start input could not carry it).
 shapes = Workflow("shapes")

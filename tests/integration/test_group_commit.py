@@ -691,6 +691,10 @@ async def test_a_batch_of_loads_claims_a_waiting_run_only_for_its_seq(database_u
                 replace(commit_of(workflow_id), wait_s=3600.0)) is not None
     await fetchval(database_url, "INSERT INTO signals (workflow_id, name, payload, consumed_seq)"
                    " VALUES ('wf_gl_due', 'go', '{\"ok\": true}', 1) RETURNING signal_id")
+    # Delivered, as a signal that ends a wait is: the run is due now (signals.sql), so its
+    # message may claim it (0036: a waiting run is claimed only once due).
+    await fetchval(database_url, "UPDATE workflow_runs SET due_at = now() "
+                   "WHERE workflow_id = 'wf_gl_due' RETURNING 1")
     pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
         store = Store(pool, load_window_s=HELD_WINDOW_S)

@@ -15,7 +15,10 @@ from phasegate.sql import queries
 from tests.helpers import fetch, fetchval
 
 # Each run: (workflow_id, status, next_seq). A checkpoint at next_seq - 1 on main and on
-# branch b1, progress at next_seq, and a signal delivered to next_seq, for every run.
+# branch b1, progress at next_seq, and a signal delivered to next_seq, for every run. The
+# waiting run's wait is due and its row sent, so its message claims it at v27 and now alike
+# (since 0036 a message that comes before the due time does not: tests/integration/
+# test_waits.py).
 RUNS = [("running", "running", 3), ("pending", "pending", 0), ("waiting", "waiting", 3),
         ("completed", "completed", 5), ("cancelled", "cancelled", 2),
         ("review", "awaiting_review", 4)]
@@ -23,7 +26,7 @@ FIXTURE = """
 INSERT INTO workflow_runs (workflow_id, workflow, status, next_seq, current_phase,
                            schema_version, input, due_at, waiting_for)
 SELECT id, 'wf', status, seq, 'p' || seq, 1, '{"in": 1}',
-       CASE WHEN status = 'waiting' THEN now() + interval '1 hour' END,
+       CASE WHEN status = 'waiting' THEN now() - interval '1 second' END,
        CASE WHEN status = 'waiting' THEN 'timer' END
   FROM unnest($1::text[], $2::text[], $3::integer[]) AS r(id, status, seq);
 INSERT INTO checkpoints (workflow_id, branch, seq, phase, kind, schema_version, state,

@@ -7,16 +7,19 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 from prometheus_client import REGISTRY as REGISTRY_METRICS
 
+from phasegate.envelope import phase_message
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.embedded import free_port
 from phasegate.orchestrator.exporter import QueueDepthExporter
 from phasegate.orchestrator.relay import Relay
 from phasegate.orchestrator.starter import start_workflow
 from phasegate.orchestrator.views import Views
+from phasegate.queue import Outgoing
 from phasegate.settings import Settings
 from phasegate.workflow import Registry
 from tests import workflows
@@ -221,3 +224,30 @@ async def _drained(worker: object) -> bool:
     depth = await worker.queue.depth()  # type: ignore[attr-defined]
     return depth.visible == 0 and depth.inflight == 0 and worker.held == 0  # type: ignore[attr-defined]
 
+
+
+async def test_a_message_for_the_next_phase_before_its_due_time_does_not_end_the_wait(
+        settings: Settings) -> None:
+    """Only the wait's own row, sent by the relay when due (or a signal that ends the wait),
+    wakes a waiting run. A message for the seq the run waits on that comes early (written by
+    hand, by a stranger with send rights on the queue, by a tool replaying messages) is
+    dropped as stale: the next phase does not run, the run stays waiting, its row unsent."""
+    dsn = settings.database_url or ""
+    wid = await start(settings, {"wait_s": 3600})
+    async with running_worker(settings, REGISTRY) as worker:
+        await wait_for(lambda: waiting(dsn, wid, 1), what="run waiting")
+        # Neither the group load's statement (phasegate/group_commit.py) nor the single one
+        # claims it (either would have: the run would read `running`).
+        batch = await fetch(dsn, "SELECT status FROM phasegate_load_for_phases($1, $2, $3)",
+                            [wid], ["main"], [1])
+        assert [r["status"] for r in batch] == ["waiting"]
+        async with store_for(dsn) as store:
+            early = await store.load_for_phase(wid, "main", 1)
+            assert early is not None and early.status == "waiting"
+        async with queue_for(settings) as queue:
+            forged = phase_message(wid, "timed", 1, "b")
+            await queue.send([Outgoing(forged.to_json(), forged.group_id, uuid.uuid4().hex)])
+        await wait_for(lambda: _drained(worker), what="the early message handled")
+    assert await invocations(dsn) == {"a": 1}
+    assert await fetchval(dsn, "SELECT status FROM workflow_runs") == "waiting"
+    assert await fetchval(dsn, "SELECT sent_at FROM outbox WHERE seq = 1") is None
