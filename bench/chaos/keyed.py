@@ -79,11 +79,13 @@ class SlotWatch:
                 await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
 
 
-async def start_keyed(store: Store, queue: Queue, i: int, workflow_id: str) -> None:
-    """Run ``i`` of the keyed workload: even through the API's start, odd as a bare start
-    message (no run row until a worker takes its slot)."""
-    input = {"i": i, "tenant": KEYED_KEYS[(i // 2) % len(KEYED_KEYS)]}
-    if i % 2 == 0:
+async def start_keyed(store: Store, queue: Queue, i: int, ordinal: int,
+                      workflow_id: str) -> None:
+    """Run ``i`` of the workload, the ``ordinal``-th keyed one: the keys in turn by pairs,
+    and every other one through the API's start, the rest as a bare start message (no run row
+    until a worker takes its slot), so each key gets runs of both kinds."""
+    input = {"i": i, "tenant": KEYED_KEYS[(ordinal // 2) % len(KEYED_KEYS)]}
+    if ordinal % 2 == 0:
         await start_workflow(store, queue, workflow=chaos_keyed, input=input,
                              workflow_id=workflow_id)
         return

@@ -326,7 +326,7 @@ class ChaosRun:
                 while True:
                     try:
                         if keyed:
-                            await start_keyed(store, queue, i, wid)
+                            await start_keyed(store, queue, i, i // keyed_every, wid)
                             break
                         await start_workflow(store, queue, workflow=chaos_tree if tree
                                              else chaos_wait if waits else chaos,
