@@ -19,7 +19,7 @@ import asyncpg
 
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet
-from bench.chaos.invariants import SentPoison
+from bench.chaos.invariants import DATABASE_ERRORS, SentPoison
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
@@ -156,7 +156,7 @@ class Injector:
         try:
             rows = await self.pool.fetch("SELECT workflow_id, next_seq, status FROM "
                                          "workflow_runs WHERE workflow_id = ANY($1)", picks)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DATABASE_ERRORS:
             return
         for row in rows:
             wid, next_seq = row["workflow_id"], row["next_seq"]

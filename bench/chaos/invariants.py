@@ -56,6 +56,11 @@ class SentPoison:
     live_workflow_id: str | None
 
 
+# What the runner's own queries meet while Postgres restarts under the schedule: each caller
+# skips or retries on these, and fails loudly on anything else.
+DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
 @dataclass
 class Result:
     name: str

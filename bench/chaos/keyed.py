@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.chaos.invariants import Result
+from bench.chaos.invariants import DATABASE_ERRORS, Result
 from bench.chaos.workload import KEYED_KEYS, KEYED_LIMIT, chaos_keyed
 from phasegate.envelope import start_message
 from phasegate.orchestrator.starter import start_workflow
@@ -43,7 +43,6 @@ WAITED = """
 SELECT count(*) FROM run_admissions WHERE workflow = $1 AND admitted_at > queued_at
 """
 
-DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 @dataclass

@@ -33,7 +33,7 @@ import asyncpg
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
-from bench.chaos.invariants import Result, SentPoison, check_all
+from bench.chaos.invariants import DATABASE_ERRORS, Result, SentPoison, check_all
 from bench.chaos.keyed import SlotWatch, i10_keys_within_limit, start_keyed, waited
 from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
@@ -332,7 +332,7 @@ class ChaosRun:
                                              else chaos_wait if waits else chaos,
                                              input={"i": i}, workflow_id=wid)
                         break
-                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    except DATABASE_ERRORS:
                         await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly
                 self.started.append(wid)
                 if waits:
@@ -346,7 +346,7 @@ class ChaosRun:
             try:
                 done = await pool.fetchval("SELECT count(*) FROM workflow_runs "
                                            "WHERE status = 'completed'")
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except DATABASE_ERRORS:
                 done = 0
             if len(self.started) - done < MAX_UNFINISHED:
                 return
@@ -364,7 +364,7 @@ class ChaosRun:
     async def _progress(self, pool: asyncpg.Pool, fleet: Fleet) -> None:
         try:
             rows = await pool.fetch("SELECT status, count(*) AS n FROM workflow_runs GROUP BY 1")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DATABASE_ERRORS:
             return
         counts = ", ".join(f"{r['status']}={r['n']}" for r in rows)
         self.say(f"started {len(self.started)}/{self.config.workflows}: {counts}; "
@@ -397,7 +397,7 @@ class ChaosRun:
             done = await pool.fetchval("SELECT count(*) FROM workflow_runs WHERE workflow_id = "
                                        "ANY($1) AND status = 'completed'", self.started)
             unsent = await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DATABASE_ERRORS:
             return False
         if done != len(self.started) or unsent:
             return False

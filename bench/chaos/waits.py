@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from bench.chaos.invariants import Result
+from bench.chaos.invariants import DATABASE_ERRORS, Result
 from bench.chaos.workload import PHASES, WAIT_SIGNAL, WAIT_TIMER_S, chaos_wait
 from phasegate.signals import send_signal
 
@@ -27,7 +27,6 @@ SEND_WITHIN_S = 10.0  # the signal goes out 0-10 s after the run's start
 RETRY_S = 0.2  # Postgres restarting: the sender tries again
 TIMED = PHASES.index("fetch")  # the phase that defers the next one
 WAITING = PHASES.index("write")  # the phase that waits for the signal
-DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 RUNS = """
 SELECT r.workflow_id, r.status,
