@@ -281,6 +281,9 @@ UPDATE outbox SET lease_holder = NULL, lease_until = NULL
 -- run_positions (0017): no index on updated_at, so the phase commit's update stays HOT. A
 -- branch chain is a run of its own in this respect: a running branch that has not moved
 -- although its message was sent gets it again (its live branches through branches_live_idx).
+-- The claim of the relay that sent it the first time is cleared with it: a stall shorter than
+-- that claim (PHASEGATE_RELAY_STALL_AFTER_S under the claim's 30 s) would otherwise hold the
+-- row back until the old claim ran out.
 WITH stalled AS (
     SELECT o.outbox_id
       FROM run_positions r
@@ -305,7 +308,7 @@ WITH stalled AS (
 ), picked AS (
     SELECT outbox_id FROM stalled LIMIT $2
 )
-UPDATE outbox SET sent_at = NULL,
+UPDATE outbox SET sent_at = NULL, lease_holder = NULL, lease_until = NULL,
        dedup_id = left(outbox.dedup_id, 64) || ':r' || floor(extract(epoch FROM now()))::bigint
   FROM picked
  WHERE outbox.outbox_id = picked.outbox_id

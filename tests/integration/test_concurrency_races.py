@@ -284,9 +284,9 @@ async def test_an_admission_lost_after_a_final_commit_is_sent_again(settings):
         assert [await start(store, limited, i) for i in (a, b, q)] == \
             ["pending", "pending", "queued"]
         assert await store.commit_phase(final_commit(a, "begin")) is not None
-        # Stalled at once, and the relay's own claim on the row it sent gone at once (in
-        # production the claim, 30 s, ends long before a run counts as stalled, 300 s).
-        relay = Relay(store=store, queue=queue, after_s=0, stall_after_s=0, claim_ttl_s=0.001)
+        # Stalled at once; the relay's own claim on the row it sent (30 s) still live, and
+        # cleared by the requeue, so the same relay's next round sends it.
+        relay = Relay(store=store, queue=queue, after_s=0, stall_after_s=0)
         assert await relay.relay_once() == 1  # the admission, sent
         [lost] = await queue.receive(10, 0, 30)
         await queue.delete([lost.receipt_handle])  # gone unprocessed: what a lost message is
