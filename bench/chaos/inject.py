@@ -24,7 +24,7 @@ from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.poison import make_poison
 from bench.chaos.schedule import POISON_KINDS, Event
 from bench.chaos.sqs_proxy import SqsFaultProxy
-from bench.chaos.workload import PHASES, chaos, chaos_keyed, chaos_wait, is_keyed, is_tree, is_wait
+from bench.chaos.workload import PHASES, chaos, chaos_wait, is_keyed, is_tree, is_wait, keyed_kind
 from phasegate.envelope import dedup_id, phase_message, start_message
 from phasegate.orchestrator.embedded import EmbeddedPostgres
 
@@ -161,7 +161,7 @@ class Injector:
         for row in rows:
             wid, next_seq = row["workflow_id"], row["next_seq"]
             seqs = [s for s in (next_seq - 1, next_seq) if 0 <= s < len(PHASES)]
-            name = (chaos_keyed.name if is_keyed(wid) else chaos_wait.name if is_wait(wid)
+            name = (keyed_kind(wid).name if is_keyed(wid) else chaos_wait.name if is_wait(wid)
                     else chaos.name)
             for seq in seqs:
                 # A keyed run's start again, without its input: the key is the run's own.

@@ -9,7 +9,7 @@ Layout (all on 127.0.0.1):
 
 The runner starts the workflows at a steady pace over the fault window, fires the schedule,
 restarts workers that die, waits for the system to drain, stops everything with SIGTERM and
-checks the invariants (bench/chaos/invariants.py; I10 and I11: bench/chaos/keyed.py, waits.py).
+checks the invariants (bench/chaos/invariants.py; I10, I12 and I11: bench/chaos/keyed.py, waits.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import DATABASE_ERRORS, Result, SentPoison, check_all
-from bench.chaos.keyed import SlotWatch, i10_keys_within_limit, start_keyed, waited
+from bench.chaos.keyed import SlotWatch, keyed_prefix, keyed_results, start_keyed
 from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
@@ -42,7 +42,6 @@ from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.waits import SignalSender, i11_waits_kept
 from bench.chaos.workload import (
     DOWNSTREAM_ENV,
-    KEYED_PREFIX,
     PHASES,
     TREE_PREFIX,
     WAIT_PREFIX,
@@ -197,9 +196,7 @@ class ChaosRun:
                 faults_expected=self._expected_faults(), faults_fired=fired,
                 drain_s=drain_s, drain_bound_s=config.drain_bound_s)
             results.append(self._clean_stops(fleet, exit_codes))
-            keyed = [w for w in self.started if w.startswith(KEYED_PREFIX)]
-            if keyed:
-                results.append(i10_keys_within_limit(self.slots, len(keyed), await waited(pg.dsn)))
+            results.extend(await keyed_results(pg.dsn, self.slots, self.started))
             if self.signals.answers:
                 results.append(await i11_waits_kept(pg.dsn, self.signals))
             results.append(budget_charged_only_by_phase_errors(read_logs(log_dir)))
@@ -320,8 +317,8 @@ class ChaosRun:
                 wait_every = self.config.wait_every
                 waits = (not tree and not keyed and wait_every > 0
                          and i % wait_every == wait_every // 2)
-                prefix = (TREE_PREFIX if tree else KEYED_PREFIX if keyed else WAIT_PREFIX
-                          if waits else "cx")
+                prefix = (TREE_PREFIX if tree else keyed_prefix(i // max(keyed_every, 1))
+                          if keyed else WAIT_PREFIX if waits else "cx")
                 wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:

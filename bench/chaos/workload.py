@@ -2,7 +2,8 @@
 downstream test service (bench/chaos/downstream.py), keyed by the step's idempotency key.
 With ``--branching`` a share of the runs is ``chaos-tree`` instead: a fork of 2 on main whose
 branches fork 2 again (6 branches, 3 forks, 11 phases), every phase making the same write step.
-With ``--keyed`` a share is ``chaos-keyed``: the same five phases under a concurrency key; with
+With ``--keyed`` a share is ``chaos-keyed`` or ``chaos-paced``: the same five phases under a
+concurrency key, with a limit on the runs that hold a slot or on admissions per window; with
 ``--waits`` a share is ``chaos-wait``: the same five phases with a timer and a signal wait.
 
 Loaded by worker processes with ``PHASEGATE_WORKFLOW_MODULES=bench.chaos.workload``; the
@@ -99,8 +100,25 @@ chaos_keyed = Workflow("chaos-keyed", schema_version=1, concurrency_key=_tenant,
                        max_concurrency=KEYED_LIMIT)
 
 
+# The rate-limited kind of the keyed workload: the same keys, at most PACED_RATE admissions per
+# key in any PACED_WINDOW_S (docs/how-to/concurrency.md "Rate limits"), no cap on how many run.
+PACED_PREFIX = "cr"  # the workflow ids of chaos-paced runs start with it
+# One admission per key in any 4 s: the two runs of a key the producer starts in a row (about
+# a second apart) always meet the rate, so the relay's wake-ups carry part of every chaos run.
+PACED_RATE = 1
+PACED_WINDOW_S = 4.0
+chaos_paced = Workflow("chaos-paced", schema_version=1, concurrency_key=_tenant,
+                       rate=(PACED_RATE, PACED_WINDOW_S))
+
+
 def is_keyed(workflow_id: str) -> bool:
-    return workflow_id.startswith(KEYED_PREFIX)
+    """A run of either kind of the keyed workload."""
+    return workflow_id.startswith((KEYED_PREFIX, PACED_PREFIX))
+
+
+def keyed_kind(workflow_id: str) -> Workflow:
+    """The workflow of a keyed workload's run, from its id's prefix."""
+    return chaos_paced if workflow_id.startswith(PACED_PREFIX) else chaos_keyed
 
 
 # -- the waiting workload (``--waits``): the same five phases, a timer after `fetch` and a wait
@@ -130,6 +148,7 @@ def _wait_after(ctx: Context, name: str, state: dict[str, Any]) -> dict[str, Any
 for _name in PHASES:
     _make_phase(_name, chaos)
     _make_phase(_name, chaos_keyed)
+    _make_phase(_name, chaos_paced)
     _make_phase(_name, chaos_wait, waits=True)
 
 

@@ -6,10 +6,10 @@ import asyncpg
 import pytest
 
 from bench.chaos.fleet import Fleet, WorkerProcess
-from bench.chaos.keyed import SlotWatch, i10_keys_within_limit
+from bench.chaos.keyed import SlotWatch, i10_keys_within_limit, i12_rate_kept, keyed_prefix
 from bench.chaos.pg_proxy import classify
 from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
-from bench.chaos.workload import expected_key
+from bench.chaos.workload import chaos_keyed, chaos_paced, expected_key, keyed_kind
 from phasegate.faults import POINTS
 from phasegate.sql import queries
 from phasegate.steps import LedgerUnavailable, _StorePool, idempotency_key
@@ -236,3 +236,19 @@ async def test_i10_fails_on_a_sample_over_the_limit_and_on_a_queue_never_used() 
     await watch.sample(_Holders({"b": 3}), 9.5)  # type: ignore[arg-type]
     result = i10_keys_within_limit(watch, keyed_runs=10, waited_runs=3)
     assert not result.ok and "b: 3 holders at 9.5s" in result.detail
+
+
+def test_i12_fails_on_a_window_over_the_rate_and_on_a_rate_never_reached() -> None:
+    # One admission per key in any 4 s: admissions 4 s apart or more leave every window at one.
+    kept = {"tenant-a": [0.0, 4.0, 8.5], "tenant-b": [1.0, 5.0]}
+    assert i12_rate_kept(kept, paced_runs=5, waited_runs=3).ok
+    # No run waited: the rate was never put to the test.
+    assert not i12_rate_kept(kept, paced_runs=5, waited_runs=0).ok
+    result = i12_rate_kept({**kept, "tenant-b": [1.0, 4.9]}, paced_runs=5, waited_runs=3)
+    assert not result.ok and "'tenant-b': 2" in result.detail
+    assert not i12_rate_kept({}, paced_runs=2, waited_runs=1).ok  # nothing admitted at all
+
+
+def test_the_keyed_kinds_take_turns_by_fours() -> None:
+    assert [keyed_prefix(n) for n in range(10)] == ["ck"] * 4 + ["cr"] * 4 + ["ck"] * 2
+    assert keyed_kind("cr1_00002_x") is chaos_paced and keyed_kind("ck1_00002_x") is chaos_keyed

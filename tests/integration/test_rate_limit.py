@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.chaos.keyed import most_in_any_window
 from phasegate import Workflow
 from phasegate.concurrency import admission_dedup_id
 from phasegate.orchestrator.control import Control
@@ -32,12 +33,6 @@ from tests.workflows_flow import paced, paced_slowly
 
 RUNS = 10
 RATE, WINDOW_S = 2, 3.0
-
-
-def most_in_any_window(times: list[float], window_s: float) -> int:
-    """The largest number of times within any half-open window [t, t + window_s)."""
-    ordered = sorted(times)
-    return max((sum(1 for u in ordered if t <= u < t + window_s) for t in ordered), default=0)
 
 
 def test_most_in_any_window_counts_what_it_should() -> None:
