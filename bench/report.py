@@ -243,9 +243,13 @@ def render(result: dict[str, Any], source: Path) -> str:
                 "benchmarks) ran in the same rounds: its idle pollers inflate its CPU at one "
                 "group.",
                 ""]
-    out += ["| workload | figure | floor | phasegate | phasegate ÷ floor |"
+    out += ["`round by round`: each phasegate round ÷ the floor round of the same minute (the "
+            "rounds alternate), median and range: how far a server that drifts between rounds "
+            "moves the figure.",
+            "",
+            "| workload | figure | floor | phasegate | phasegate ÷ floor | round by round |"
             + (" old floor (16 pollers) |" if old else ""),
-            "|---|---|---:|---:|---:|" + ("---:|" if old else "")]
+            "|---|---|---:|---:|---:|---|" + ("---:|" if old else "")]
     for key, row in summary["per_workload"].items():
         label = (f"{key} ({row['groups']} group{'s' if row['groups'] > 1 else ''} x "
                  f"{row['phases']} phases)")
@@ -256,12 +260,13 @@ def render(result: dict[str, Any], source: Path) -> str:
             extra = (f" {fmt.format(cell['floor16'])} |" if "floor16" in cell
                      else " |" if old else "")
             out.append(f"| {label} | {name} | {fmt.format(cell['floor'])} | "
-                       f"{fmt.format(cell['phasegate'])} | {cell['ratio']:.2f} |{extra}")
+                       f"{fmt.format(cell['phasegate'])} | {cell['ratio']:.2f} | "
+                       f"{_spread(row.get('rounds', {}).get(figure))} |{extra}")
     if measured_processes(summary):
         for figure, (name, fmt) in PROCESS_FIGURES.items():
             cell = summary["processes"][figure]
             out.append(f"| worker processes | {name} | {fmt.format(cell['floor'])} | "
-                       f"{fmt.format(cell['phasegate'])} | {cell['ratio']:.2f} |"
+                       f"{fmt.format(cell['phasegate'])} | {cell['ratio']:.2f} | |"
                        + (" |" if old else ""))
         failover = summary["processes"]["failover_s"]["settings"]
         out += [
@@ -326,8 +331,33 @@ def merged(paths: list[Path]) -> dict[str, Any]:
     return result
 
 
+def round_ratios(result: dict[str, Any], key: str) -> dict[str, list[float]]:
+    """Per figure, each round's phasegate ÷ the same round's floor (rounds alternate, so a
+    pair ran minutes, not the whole run, apart); rounds with a zero floor are left out."""
+    runs = result.get("runs", {})
+    floor, ours = runs.get(f"{key}/floor", []), runs.get(f"{key}/phasegate", [])
+    ratios: dict[str, list[float]] = {}
+    for figure in FIGURES:
+        pairs = zip(floor, ours, strict=False)
+        ratios[figure] = [b[figure] / a[figure] for a, b in pairs
+                          if a.get(figure) and b.get(figure) is not None]
+    return ratios
+
+
+def _spread(ratios: list[float] | None) -> str:
+    if not ratios:
+        return ""
+    ordered = sorted(ratios)
+    middle = len(ordered) // 2
+    median = (ordered[middle] if len(ordered) % 2
+              else (ordered[middle - 1] + ordered[middle]) / 2)
+    return f"{median:.2f} ({ordered[0]:.2f} to {ordered[-1]:.2f})"
+
+
 def _named(result: dict[str, Any]) -> dict[str, Any]:
     per: dict[str, Any] = result["summary"]["per_workload"]
+    for key, row in per.items():
+        row["rounds"] = round_ratios(result, key)
     if not result.get("continuation"):
         return per
     return {(key if key.endswith(CONTINUED) else key + CONTINUED): row for key, row in per.items()}

@@ -131,3 +131,18 @@ def test_the_localstack_workloads_fill_the_same_targets_except_round_trips() -> 
             assert ("≤ 1 Postgres round trip per transition (average)", where) not in by
         assert by[("≤ 0.5 SQS calls per transition with continuation (floor: 3)",
                    key + "+cont")] == ("0.10", "yes")
+
+
+def test_round_by_round_pairs_each_phasegate_round_with_the_floor_round_beside_it() -> None:
+    from bench.report import _spread, round_ratios
+
+    floor = [{"latency_p50_ms": 5.0}, {"latency_p50_ms": 10.0}, {"latency_p50_ms": 0.0}]
+    ours = [{"latency_p50_ms": 4.0}, {"latency_p50_ms": 12.0}, {"latency_p50_ms": 3.0}]
+    result = {"runs": {"localstack/1g/floor": floor, "localstack/1g/phasegate": ours}}
+    ratios = round_ratios(result, "localstack/1g")
+    # The third round's floor read zero: no ratio, rather than an infinite one.
+    assert ratios["latency_p50_ms"] == [0.8, 1.2]
+    assert _spread(ratios["latency_p50_ms"]) == "1.00 (0.80 to 1.20)"
+    assert _spread([]) == "" and ratios["wal_bytes_per_transition"] == []
+    # The ratio of medians can read under the floor while the rounds straddle it.
+    assert _spread([0.88, 0.68, 1.24, 1.15, 0.63]) == "0.88 (0.63 to 1.24)"
