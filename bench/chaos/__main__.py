@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="every Nth run is a branching run (a fork of 2 whose branches "
                              "fork 2 again; invariant I8); 0: none")
     parser.add_argument("--keyed", type=int, default=0, metavar="N",
-                        help="every Nth run is a keyed run (two keys, by fours a limit of 2 "
-                             "runs or a rate of 1 admission per 4 s; invariants I10, I12); "
-                             "0: none")
+                        help="one run in N is keyed, in bursts of 3 of one key (two keys; "
+                             "a limit of 2 runs or a rate of 1 admission per 4 s; invariants "
+                             "I10, I12); 0: none")
     parser.add_argument("--waits", type=int, default=0, metavar="N",
                         help="every Nth run waits: a timer, then a signal the runner sends "
                              "(invariant I11); 0: none")

@@ -1,8 +1,9 @@
-"""The keyed workload under chaos (``--keyed N``): every Nth run is keyed, by fours of one kind
-in turn: ``chaos-keyed`` (two concurrency keys with a limit of two runs holding a slot) and
-``chaos-paced`` (the same keys, at most one admission per key in any four seconds). Each kind
-is started half through the API's start (the slot taken where the run is created) and half as a
-producer's bare start message (the slot taken by the worker that receives it).
+"""The keyed workload under chaos (``--keyed N``): one run in N is keyed, in bursts of three
+runs of one key started together, of one kind for two bursts in turn: ``chaos-keyed`` (two
+concurrency keys with a limit of two runs holding a slot) and ``chaos-paced`` (the same keys,
+at most one admission per key in any four seconds). Each kind is started half through the
+API's start (the slot taken where the run is created) and half as a producer's bare start
+message (the slot taken by the worker that receives it).
 
 I10 holds when no sample ever saw more runs of one key holding a slot than the limit, and
 some run had to wait its turn (so the queue and its admissions were exercised, not only the
@@ -43,6 +44,8 @@ from phasegate.queue import Outgoing, Queue
 from phasegate.store import Store
 
 SAMPLE_EVERY_S = 0.2
+# One run more than a key's limit, started together: the last always waits (keyed_ordinal).
+KEYED_BURST = KEYED_LIMIT + 1
 
 # A slot is held by every run of the key that is neither queued nor ended
 # (docs/how-to/concurrency.md).
@@ -101,20 +104,37 @@ class SlotWatch:
                 await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
 
 
+def keyed_ordinal(i: int, every: int) -> int | None:
+    """Which keyed run run ``i`` of the workload is (None: not keyed). Keyed runs come in
+    bursts of KEYED_BURST consecutive runs, one burst in every ``every``, so a key always has
+    one run more than its limit started together: at any production pace (the long schedule
+    starts a run every 6 s, longer than a keyed run lives) some run has to wait its turn."""
+    if every <= 0 or (i // KEYED_BURST) % every != every - 1:
+        return None
+    return (i // (KEYED_BURST * every)) * KEYED_BURST + i % KEYED_BURST
+
+
+def in_burst(ordinal: int | None) -> bool:
+    """A keyed run after the first of its burst: started at once, not at the workload's pace."""
+    return ordinal is not None and ordinal % KEYED_BURST > 0
+
+
 def keyed_prefix(ordinal: int) -> str:
-    """The workflow id prefix of the ``ordinal``-th keyed run: its kind, by fours in turn."""
-    return PACED_PREFIX if (ordinal // 4) % 2 else KEYED_PREFIX
+    """The workflow id prefix of the ``ordinal``-th keyed run: its kind, by two bursts in
+    turn (so each kind has bursts of both keys)."""
+    return PACED_PREFIX if (ordinal // KEYED_BURST // 2) % 2 else KEYED_PREFIX
 
 
 async def start_keyed(store: Store, queue: Queue, i: int, ordinal: int,
                       workflow_id: str) -> None:
     """Run ``i`` of the workload, the ``ordinal``-th keyed one (its kind is in its id,
-    ``keyed_prefix``): the keys in turn by pairs, and every other one through the API's
-    start, the rest as a bare start message (no run row until a worker takes its slot), so
-    each key of each kind gets runs of both starts."""
+    ``keyed_prefix``): one key per burst, the keys in turn, and every other one through the
+    API's start, the rest as a bare start message (no run row until a worker takes its
+    slot), so each key of each kind gets runs of both starts."""
     workflow = keyed_kind(workflow_id)
-    input = {"i": i, "tenant": KEYED_KEYS[(ordinal // 2) % len(KEYED_KEYS)]}
-    if ordinal % 2 == 0:
+    burst = ordinal // KEYED_BURST
+    input = {"i": i, "tenant": KEYED_KEYS[burst % len(KEYED_KEYS)]}
+    if (ordinal + burst) % 2 == 0:
         await start_workflow(store, queue, workflow=workflow, input=input,
                              workflow_id=workflow_id)
         return

@@ -34,7 +34,14 @@ from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import DATABASE_ERRORS, Result, SentPoison, check_all
-from bench.chaos.keyed import SlotWatch, keyed_prefix, keyed_results, start_keyed
+from bench.chaos.keyed import (
+    SlotWatch,
+    in_burst,
+    keyed_ordinal,
+    keyed_prefix,
+    keyed_results,
+    start_keyed,
+)
 from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
@@ -306,24 +313,25 @@ class ChaosRun:
                                  region="us-east-1")
         async with session_queue as queue:
             for i in range(total):
+                every = self.config.branching_every
+                tree = every > 0 and i % every == 0
+                ordinal = None if tree else keyed_ordinal(i, self.config.keyed_every)
+                keyed = ordinal is not None
                 due = self.t0 + over_s * i / total
                 delay = due - time.monotonic()
-                if delay > 0:
+                if delay > 0 and not in_burst(ordinal):
                     await asyncio.sleep(delay)  # the production pace of the schedule
                 await self._backpressure(pool)
-                every, keyed_every = self.config.branching_every, self.config.keyed_every
-                tree = every > 0 and i % every == 0
-                keyed = not tree and keyed_every > 0 and i % keyed_every == keyed_every - 1
                 wait_every = self.config.wait_every
                 waits = (not tree and not keyed and wait_every > 0
                          and i % wait_every == wait_every // 2)
-                prefix = (TREE_PREFIX if tree else keyed_prefix(i // max(keyed_every, 1))
-                          if keyed else WAIT_PREFIX if waits else "cx")
+                prefix = (keyed_prefix(ordinal) if ordinal is not None else TREE_PREFIX
+                          if tree else WAIT_PREFIX if waits else "cx")
                 wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
                 while True:
                     try:
-                        if keyed:
-                            await start_keyed(store, queue, i, i // keyed_every, wid)
+                        if ordinal is not None:
+                            await start_keyed(store, queue, i, ordinal, wid)
                             break
                         await start_workflow(store, queue, workflow=chaos_tree if tree
                                              else chaos_wait if waits else chaos,

@@ -6,7 +6,14 @@ import asyncpg
 import pytest
 
 from bench.chaos.fleet import Fleet, WorkerProcess
-from bench.chaos.keyed import SlotWatch, i10_keys_within_limit, i12_rate_kept, keyed_prefix
+from bench.chaos.keyed import (
+    SlotWatch,
+    i10_keys_within_limit,
+    i12_rate_kept,
+    in_burst,
+    keyed_ordinal,
+    keyed_prefix,
+)
 from bench.chaos.pg_proxy import classify
 from bench.chaos.schedule import KILL_POINTS, POISON_KINDS, SQS_FAULTS, build_schedule
 from bench.chaos.workload import chaos_keyed, chaos_paced, expected_key, keyed_kind
@@ -249,6 +256,14 @@ def test_i12_fails_on_a_window_over_the_rate_and_on_a_rate_never_reached() -> No
     assert not i12_rate_kept({}, paced_runs=2, waited_runs=1).ok  # nothing admitted at all
 
 
-def test_the_keyed_kinds_take_turns_by_fours() -> None:
-    assert [keyed_prefix(n) for n in range(10)] == ["ck"] * 4 + ["cr"] * 4 + ["ck"] * 2
+def test_keyed_runs_come_in_bursts_one_over_the_limit_and_the_kinds_take_turns() -> None:
+    # One run in three keyed, in bursts of three consecutive runs (the limit is two).
+    keyed = [i for i in range(36) if keyed_ordinal(i, 3) is not None]
+    assert keyed == [6, 7, 8, 15, 16, 17, 24, 25, 26, 33, 34, 35]
+    assert [keyed_ordinal(i, 3) for i in keyed] == list(range(12))
+    # Only the first of a burst waits for the workload's pace; the others start at once.
+    assert [in_burst(keyed_ordinal(i, 3)) for i in (5, 6, 7, 8)] == [False, False, True, True]
+    # Two bursts of one kind, then two of the other: each kind gets a burst of each key.
+    assert [keyed_prefix(n) for n in range(0, 15, 3)] == ["ck", "ck", "cr", "cr", "ck"]
+    assert keyed_ordinal(4, 0) is None and keyed_ordinal(1, 2) is None
     assert keyed_kind("cr1_00002_x") is chaos_paced and keyed_kind("ck1_00002_x") is chaos_keyed
