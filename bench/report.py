@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -347,11 +348,7 @@ def round_ratios(result: dict[str, Any], key: str) -> dict[str, list[float]]:
 def _spread(ratios: list[float] | None) -> str:
     if not ratios:
         return ""
-    ordered = sorted(ratios)
-    middle = len(ordered) // 2
-    median = (ordered[middle] if len(ordered) % 2
-              else (ordered[middle - 1] + ordered[middle]) / 2)
-    return f"{median:.2f} ({ordered[0]:.2f} to {ordered[-1]:.2f})"
+    return f"{median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})"
 
 
 def _named(result: dict[str, Any]) -> dict[str, Any]:

@@ -188,7 +188,8 @@ def i12_rate_kept(admissions: dict[str, list[float]], paced_runs: int,
     over = {key: n for key, n in most.items() if n > PACED_RATE}
     ok = not over and bool(admissions) and waited_runs > 0
     return Result(
-        f"I12 a paced key never had more than {PACED_RATE} admissions in {PACED_WINDOW_S:g} s",
+        f"I12 a paced key never had more than {PACED_RATE} admission"
+        f"{'' if PACED_RATE == 1 else 's'} in any {PACED_WINDOW_S:g} s",
         ok, f"{paced_runs} paced runs, {sum(map(len, admissions.values()))} admitted, "
         f"{waited_runs} waited; most admissions in one window per key {dict(sorted(most.items()))}"
         + (f"; over the rate: {over}" if over else "")
