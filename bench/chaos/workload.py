@@ -103,8 +103,9 @@ chaos_keyed = Workflow("chaos-keyed", schema_version=1, concurrency_key=_tenant,
 # The rate-limited kind of the keyed workload: the same keys, at most PACED_RATE admissions per
 # key in any PACED_WINDOW_S (docs/how-to/concurrency.md "Rate limits"), no cap on how many run.
 PACED_PREFIX = "cr"  # the workflow ids of chaos-paced runs start with it
-# One admission per key in any 4 s: the two runs of a key the producer starts in a row (about
-# a second apart) always meet the rate, so the relay's wake-ups carry part of every chaos run.
+# One admission per key in any 4 s: of a burst of runs of one key started together
+# (bench/chaos/keyed.py), all but the first meet the rate, so the relay's wake-ups carry part
+# of every chaos run.
 PACED_RATE = 1
 PACED_WINDOW_S = 4.0
 chaos_paced = Workflow("chaos-paced", schema_version=1, concurrency_key=_tenant,

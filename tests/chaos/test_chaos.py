@@ -28,9 +28,8 @@ def test_chaos_invariants_hold(seed: int, route: str, keyed_every: int, wait_eve
                                tmp_path) -> None:
     # One seed also reaches Postgres through PgBouncer in transaction mode (6 server
     # connections): the same faults, the same invariants, no session state to lose. One
-    # makes every third run a keyed run (I10, I12: a key's limit and rate held under the same
-    # faults), one
-    # every fourth a run that waits for a timer and a signal (I11).
+    # makes one run in three keyed (I10, I12: a key's limit and rate held under the same
+    # faults), one every fourth a run that waits for a timer and a signal (I11).
     report = run_chaos(ChaosConfig(seed=seed, workflows=CI_WORKFLOWS, workers=CI_WORKERS,
                                    drain_bound_s=90.0, log_dir=tmp_path / f"chaos-{seed}",
                                    pgbouncer=route == "pgbouncer", keyed_every=keyed_every,
