@@ -43,12 +43,13 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import ROOT, Databases, local_aws_env, machine, moto_server, write_results
+from bench.common import ROOT, Databases, machine, moto_server, write_results
 from bench.transitions import _queue_pair
 from phasegate.batcher import MARK_SENT_LINGER_S, MARKS_PER_CALL, MicroBatcher
 from phasegate.db import create_pool
 from phasegate.envelope import canonical_json, start_message
 from phasegate.orchestrator.control import Control
+from phasegate.orchestrator.embedded import local_aws_env
 from phasegate.orchestrator.views import Views
 from phasegate.queue import Outgoing, Queue, SqsQueue
 from phasegate.store import Store
@@ -110,7 +111,8 @@ async def _starts(way: str, dsn: str, queue: Queue, starts: int) -> dict[str, fl
             created = await store.start_run(
                 workflow_id=workflow_id, workflow=workflow.name, schema_version=1, input=INPUT,
                 first_phase=workflow.first_phase, message=message)
-            assert created is not None
+            # An unkeyed start always writes its message (None is a keyed run's, queued).
+            assert created is not None and created.outbox_id is not None
             await queue.send([Outgoing(message.to_json(), message.group_id, message.dedup_id)])
             await store.mark_sent([created.outbox_id])
             await views.get_run(workflow_id)

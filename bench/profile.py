@@ -43,7 +43,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.common import HISTORY_RUNS, VENV_BIN, Databases, local_aws_env
+from bench.common import HISTORY_RUNS, VENV_BIN, Databases
+from phasegate.orchestrator.embedded import local_aws_env
 
 # Inclusive share of samples with a frame from these files on the stack.
 LEVERS = {
@@ -202,9 +203,9 @@ def function(frame: str) -> str:
 def analyse(raw: str, top: int = 15) -> str:
     stacks: Counter[tuple[str, ...]] = Counter()
     for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit():
-            stacks[tuple(stack.split(";"))] += int(count)
+        folded, _, samples = line.rpartition(" ")
+        if folded and samples.isdigit():
+            stacks[tuple(folded.split(";"))] += int(samples)
     # The event loop's work (the measured run; py-spy is attached only for it), without the
     # samples caught in epoll (waiting for sockets) or in the benchmark's own wait for the run.
     # The harness's own work (seeding, reading the commits back) is left out too: a stack
@@ -221,9 +222,9 @@ def analyse(raw: str, top: int = 15) -> str:
              "| lever | share of samples | share without the socket calls |", "|---|---:|---:|"]
     for name, paths in LEVERS.items():
         hit = sum(n for s, n in stacks.items() if any(p in f for f in s for p in paths))
-        own = sum(n for s, n in stacks.items() if any(p in f for f in s for p in paths)
-                  and not s[-1].startswith(SOCKET))
-        lines.append(f"| {name} | {hit / total * 100:.1f} % | {own / python * 100:.1f} % |")
+        outside = sum(n for s, n in stacks.items() if any(p in f for f in s for p in paths)
+                      and not s[-1].startswith(SOCKET))
+        lines.append(f"| {name} | {hit / total * 100:.1f} % | {outside / python * 100:.1f} % |")
     pool = sum(n for s, n in stacks.items() if _pool_only(s))
     lines.append(f"| pool acquire/release, no query below ({POOL}) | {pool / total * 100:.1f} % "
                  f"| {pool / python * 100:.1f} % |")

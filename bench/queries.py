@@ -118,7 +118,7 @@ async def plans(pool: asyncpg.Pool, sample_id: str) -> dict[str, str]:
     from phasegate.sql import queries
 
     q = queries("control.sql")
-    statements = {
+    statements: dict[str, tuple[str, list[object]]] = {
         "status": (q["get_run"], [sample_id]),
         "list": (q["list_runs"].replace("/*filters*/", ""), [50]),
         "list_status": (q["list_runs"].replace("/*filters*/", "AND status = $2"),

@@ -35,10 +35,10 @@ from bench.common import (
     HISTORY_RUNS,
     Databases,
     PrivateCluster,
-    local_aws_env,
     machine,
     write_results,
 )
+from phasegate.orchestrator.embedded import local_aws_env
 
 PRELOAD = ("-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track={track} "
            "-c pg_stat_statements.track_planning=on")
@@ -95,9 +95,11 @@ def _table(rows: list[dict[str, Any]], transitions: int, top: int) -> list[dict[
         entry["exec_us"] += row["total_exec_time"] * 1000
         entry["wal_bytes"] += row["wal_bytes"]
     ranked = sorted(merged.items(), key=lambda item: -item[1]["exec_us"])
-    table = [{"statement": label, **{k: v / transitions for k, v in entry.items()}}
-             for label, entry in ranked]
-    shown, rest = table[:top], table[top:]
+    # The figures apart from the labels, so the sums below add floats.
+    table = [{k: v / transitions for k, v in entry.items()} for _, entry in ranked]
+    shown: list[dict[str, Any]] = [{"statement": label, **figures} for (label, _), figures
+                                   in zip(ranked[:top], table[:top], strict=True)]
+    rest = table[top:]
     if rest:
         shown.append({"statement": f"({len(rest)} more)",
                       **{k: sum(r[k] for r in rest) for k in FIGURES}})

@@ -38,7 +38,7 @@ import asyncpg
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import ROOT, Fleet, read_logs
 from bench.chaos.invariants import check_all
-from bench.chaos.runner import MotoProcess
+from bench.chaos.moto_process import MotoProcess
 from bench.chaos.workload import DOWNSTREAM_ENV, PHASES, chaos
 from bench.common import Databases
 from bench.pgbouncer import PgBouncer

@@ -61,12 +61,13 @@ def _statements(how: str, workflow_id: str, q: dict[str, str],
         return [(q["run_input"], (workflow_id,)), (q["start_keyed"], (*run, *slot)), load]
     if way == "API" and how == KEYED_ONE:
         return [(q["start_keyed_and_load"], (*run, None, *slot[1:], 0))]
-    return {
+    starts: dict[str, list[tuple[str, tuple[Any, ...]]]] = {
         TWO: [(q["ensure_run"], run), load],
         ONE: [(q["start_and_load"], (*run, 0))],
         KEYED_TWO: [(q["start_keyed"], (*run, *slot)), load],
         KEYED_ONE: [(q["start_keyed_and_load"], (*run, *slot, 0))],
-    }[how]
+    }
+    return starts[how]
 
 
 async def _api_created(connection: Any, how: str, q: dict[str, str], ids: list[str]) -> None:

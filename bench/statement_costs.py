@@ -78,6 +78,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -243,7 +244,7 @@ async def _hops(dsn: str, body: str, phases: int) -> float:
 
 
 # The statements a worker sends for one hop, as its store sends them (sql/queries.sql).
-COMMIT_CALLS = {
+COMMIT_CALLS: dict[str, tuple[str, Callable[[int, int], tuple[object, ...]]]] = {
     "floor INSERT (one row, primary key)":
         ("INSERT INTO bench_floor (workflow_id, seq, state) VALUES ($1, $2, $3::jsonb)",
          lambda w, s: (f"r{w}", s, STATE)),
@@ -326,19 +327,22 @@ async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[s
     """Per hop of ``label``'s statement, RUNS x phases hops from seq 0, ``batch`` runs' hops
     per call (the batches section's statements): wall, client CPU and the server process's
     CPU, µs."""
-    sql, make_args = COMMIT_CALLS[label] if batch == 1 else BATCH_CALLS[label]
     await _from_seq_0(dsn)
     connection = await connect(dsn)
     try:
         pid = connection.get_server_pid()
         wal = await connection.fetchval(WAL_POSITION)
         server, cpu, wall = _process_cpu_s(pid), time.process_time(), time.perf_counter()
-        for s in range(phases):
-            for w in range(0, RUNS, batch):
-                if batch == 1:
-                    await connection.fetchrow(sql, *make_args(w, s))
-                else:
-                    rows = await connection.fetch(sql, *make_args(list(range(w, w + batch)), s))
+        if batch == 1:  # a loop each: a hop's arguments are one run's, a batch's a list's
+            sql, make_hop = COMMIT_CALLS[label]
+            for s in range(phases):
+                for w in range(RUNS):
+                    await connection.fetchrow(sql, *make_hop(w, s))
+        else:
+            sql, make_hops = BATCH_CALLS[label]
+            for s in range(phases):
+                for w in range(0, RUNS, batch):
+                    rows = await connection.fetch(sql, *make_hops(list(range(w, w + batch)), s))
                     assert len(rows) == batch, f"{label}: {len(rows)} of {batch} hops committed"
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server = _process_cpu_s(pid) - server

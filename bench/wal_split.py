@@ -24,8 +24,8 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import HISTORY_RUNS, Databases, local_aws_env
-from phasegate.orchestrator.embedded import find_pg_bin
+from bench.common import HISTORY_RUNS, Databases
+from phasegate.orchestrator.embedded import find_pg_bin, local_aws_env
 
 _LENGTH = re.compile(r"len \(rec/tot\):\s*\d+/\s*(\d+)")
 _RMGR = re.compile(r"rmgr: (\w+)")

@@ -11,6 +11,7 @@ echo "== ruff"
 .venv/bin/ruff check phasegate worker orchestrator tests bench docs
 echo "== mypy (strict)"
 .venv/bin/mypy phasegate
+.venv/bin/mypy bench
 echo "== import layers (import-linter)"
 # The contracts in pyproject.toml: the core imports neither plane, the planes never import each
 # other, only the CLI wires both, and nothing imports worker/orchestrator as top-level packages.

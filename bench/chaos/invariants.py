@@ -159,12 +159,12 @@ def i3_one_effect_per_key(started: list[str], chains: dict[str, list[asyncpg.Rec
     for wid in started:
         for row in chains.get(wid, []):
             step = (wid, row["branch"], row["seq"], FIRST_STEP_SEQ)
-            keys = keys_by_step.get(step)
-            if not keys:
+            step_keys = keys_by_step.get(step)
+            if not step_keys:
                 problems.append(f"{wid}/{row['seq']} committed without its effect")
                 continue
             state = json.loads(row["state"])
-            effect_id = ledger.effects.get(next(iter(keys)))
+            effect_id = ledger.effects.get(next(iter(step_keys)))
             if state.get("effects", [])[row["seq"]:row["seq"] + 1] != [effect_id]:
                 problems.append(f"{wid}/{row['seq']} checkpoint does not hold its effect id")
     committed = {(w, r["branch"], r["seq"]) for w in started for r in chains.get(w, [])}

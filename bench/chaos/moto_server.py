@@ -12,7 +12,6 @@ Run as ``python -m bench.chaos.moto_server -H 127.0.0.1 -p PORT``.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from moto.server import main
@@ -30,4 +29,4 @@ def _delete_message(self: Queue, receipt_handle: str) -> Any:
 Queue.delete_message = _delete_message  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
