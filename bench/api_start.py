@@ -44,7 +44,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import ROOT, Databases, machine, moto_server, write_results
-from bench.transitions import _queue_pair
+from bench.transition_processes import _queue_pair
 from phasegate.batcher import MARK_SENT_LINGER_S, MARKS_PER_CALL, MicroBatcher
 from phasegate.db import create_pool
 from phasegate.envelope import canonical_json, start_message

@@ -5,7 +5,7 @@ backend that serves it, against the floor's INSERT.
 
 On a private cluster (bench/common.py) set up as ``bench.statement_costs`` sets up its
 commits section (16 running runs, the floor's table), each statement of ``--statements``
-(``bench.statement_costs.COMMIT_CALLS``, by short name: ``floor``, ``continue``, ``advance``,
+(``bench.measured_statements.COMMIT_CALLS``, by short name: ``floor``, ``continue``, ``advance``,
 ``commit``, ``load``, ``checkpoint``) is sent as a worker sends it (phasegate's connection: no
 named statements, each query's description kept), each call its own transaction with
 ``synchronous_commit`` on, while ``perf`` samples that connection's backend. The floor's
@@ -35,17 +35,25 @@ from typing import Any
 
 import asyncpg
 
-from bench import statement_costs as costs
 from bench.common import ROOT, PrivateCluster, machine, write_results
+from bench.measured_statements import (
+    CHECKPOINT_ALONE,
+    COMMIT_CALLS,
+    COMMIT_HOP,
+    CONTINUE_HOP,
+    LOAD,
+    RUNS,
+)
+from bench.statement_databases import _from_seq_0, _with_setup
 from phasegate.db import connect
 
 STATEMENTS = {
     "floor": "floor INSERT (one row, primary key)",
-    "continue": costs.CONTINUE_HOP,
+    "continue": CONTINUE_HOP,
     "advance": "phasegate_advance_phase, a plain advance (migration 0027)",
-    "commit": costs.COMMIT_HOP,
-    "load": costs.LOAD,
-    "checkpoint": costs.CHECKPOINT_ALONE,
+    "commit": COMMIT_HOP,
+    "load": LOAD,
+    "checkpoint": CHECKPOINT_ALONE,
 }
 # Inclusive figures worth reading side by side: the commit's WAL flush, the reply's send, the
 # unnamed statement's parse, analysis and plan, the function and the statements it runs, the
@@ -68,13 +76,13 @@ def _perf() -> str:
 async def _profile(dsn: str, label: str, calls_per_run: int, out: Path) -> int:
     """``label``'s statement, RUNS x ``calls_per_run`` calls from seq 0 (after a few
     unsampled ones) under ``perf record`` on its backend; returns the calls sampled."""
-    sql, make_args = costs.COMMIT_CALLS[label]
-    await costs._from_seq_0(dsn)
+    sql, make_args = COMMIT_CALLS[label]
+    await _from_seq_0(dsn)
     named = label == STATEMENTS["floor"]
     connection = await (asyncpg.connect(dsn) if named else connect(dsn))
     try:
         for s in range(3):  # described (or prepared), plans cached: outside the samples
-            for w in range(costs.RUNS):
+            for w in range(RUNS):
                 await connection.fetchrow(sql, *make_args(w, s))
         perf = await asyncio.create_subprocess_exec(
             _perf(), "record", "-g", "-F", str(SAMPLE_HZ), "-p",
@@ -84,7 +92,7 @@ async def _profile(dsn: str, label: str, calls_per_run: int, out: Path) -> int:
         await asyncio.sleep(0.5)
         calls = 0
         for s in range(3, 3 + calls_per_run):
-            for w in range(costs.RUNS):
+            for w in range(RUNS):
                 await connection.fetchrow(sql, *make_args(w, s))
                 calls += 1
         perf.send_signal(signal.SIGINT)
@@ -121,7 +129,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cluster = PrivateCluster().start()
     found: dict[str, Any] = {}
     try:
-        dsn = await costs._with_setup(cluster.dsn)
+        dsn = await _with_setup(cluster.dsn)
         with tempfile.TemporaryDirectory() as scratch:
             for short in args.statements.split(","):
                 label = STATEMENTS[short]

@@ -94,7 +94,7 @@ class Floor:
 
     async def rehearse(self, queue: Any, workflow_id: str, phases: int) -> None:
         """One run of ``phases`` through ``queue`` on the open connections, before the timed
-        one (bench/transitions.py, ``REHEARSAL``); then ready to run again."""
+        one (bench/transition_runs.py, ``REHEARSAL``); then ready to run again."""
         timed, self.queue = self.queue, queue
         expected, self.expected_runs = self.expected_runs, 1
         try:

@@ -133,14 +133,15 @@ async def _run(groups: int, phases: int, raw: Path, options: dict[str, Any],
     with ``time_log_lines``, a run timing the log lines (with ``time_hop``, and the hop's
     other named steps)."""
     from bench.per_transition import WorkCounts
-    from bench.transitions import Env, Workload, _quiet_logs, run_phasegate
+    from bench.transition_runs import Env, Workload, run_phasegate
+    from bench.transitions import _quiet_logs
 
     _quiet_logs()
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     databases = await Databases(private=True, history=HISTORY_RUNS).start()
     counted = ""
     try:
-        # No rehearsal (bench/transitions.py): the warm-up run below stands for it, outside
+        # No rehearsal (bench/transition_runs.py): the warm-up run below stands for it, outside
         # py-spy's window; inside run_phasegate it would be sampled with the measured run.
         env = Env(databases, rehearsal=False, **options)
         # The warm-up runs the measured workload: its phases' metric children (one per phase
@@ -187,7 +188,9 @@ def count_table(per: dict[str, float], what: str = "counted run") -> str:
     return "\n".join(lines)
 
 
-HARNESS = tuple(f"(bench/{name}.py:" for name in ("transitions", "workload", "common", "profile"))
+HARNESS = tuple(f"(bench/{name}.py:" for name in (
+    "transitions", "transition_runs", "transition_round_trips", "transition_processes",
+    "transition_summary", "workload", "common", "profile"))
 SOCKET = ("_SelectorSocketTransport.write", "_SelectorSocketTransport._read_ready")
 IDLE = ("EpollSelector.select", "_timed ")
 

@@ -119,14 +119,15 @@ def markdown(title: str, table: list[dict[str, Any]]) -> str:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.transitions import Env, Workload, _quiet_logs, run_floor, run_phasegate
+    from bench.transition_runs import Env, Workload, run_floor, run_phasegate
+    from bench.transitions import _quiet_logs
 
     _quiet_logs()
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     cluster = StatementsCluster(nested=args.nested).start()
     databases = await Databases(cluster.dsn, history=args.history).start()
     try:
-        # No rehearsal (bench/transitions.py): the statistics are reset after the warm-up
+        # No rehearsal (bench/transition_runs.py): the statistics are reset after the warm-up
         # run, so a rehearsal inside the measured run would be counted with it.
         env = Env(databases, continuation=args.continuation == "on", rehearsal=False)
         env.localstack_endpoint = args.localstack_endpoint

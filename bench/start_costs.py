@@ -34,7 +34,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.common import ROOT, PrivateCluster, machine, write_results
-from bench.statement_costs import WAL_POSITION, WAL_SINCE, _process_cpu_s, fresh_database
+from bench.statement_databases import fresh_database
+from bench.statement_timing import WAL_POSITION, WAL_SINCE, _process_cpu_s
 from phasegate.db import connect
 from phasegate.sql import queries
 

@@ -58,7 +58,7 @@ def split(dump: str, relations: dict[str, str]) -> Counter[Key]:
 
 async def measure(databases: Databases, groups: int, phases: int, continuation: bool,
                   leased_send: bool) -> tuple[Counter[Key], int]:
-    from bench.transitions import Env, Workload, run_phasegate
+    from bench.transition_runs import Env, Workload, run_phasegate
 
     env = Env(databases, rehearsal=False, continuation=continuation)
     workload = Workload("memory", groups, phases)

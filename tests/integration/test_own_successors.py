@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import REGISTRY as METRICS
 
 from bench.common import RoundTripProxy
-from bench.transitions import statement_names
+from bench.transition_round_trips import statement_names
 from phasegate import Context, Workflow
 from phasegate.orchestrator.control import Control
 from phasegate.orchestrator.starter import start_workflow

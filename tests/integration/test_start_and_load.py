@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from bench.common import RoundTripProxy
-from bench.transitions import statement_names
+from bench.transition_round_trips import statement_names
 from phasegate import Context, Workflow
 from phasegate.envelope import start_message
 from phasegate.orchestrator.starter import start_workflow

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.report import CONTINUATION, merged, render, targets, transition_targets
-from bench.transitions import PER_RUN, Workload, bench
+from bench.transition_runs import Workload
+from bench.transition_summary import PER_RUN
+from bench.transitions import bench
 
 pytestmark = pytest.mark.slow
 RESULT_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "smoke.json"
