@@ -1,7 +1,7 @@
 """What one statement costs, apart from phasegate: the driver's side and the server's side.
 
     python -m bench.statement_costs [--calls 3000] [--rounds 2] [--check-rounds 5]
-                                    [--only batches|commits|schemas|loads|rows|chains|positions]
+        [--only batches|commits|cache|schemas|loads|rows|chains|positions]
 
 Several measurements on a private cluster (bench/common.py), each against its own fresh database:
 
@@ -32,6 +32,11 @@ Several measurements on a private cluster (bench/common.py), each against its ow
   Wall time, client CPU and the server process's CPU (``/proc/<pid>/schedstat``) per call: the
   commit alone, no framework, so ``floor wall / statement wall`` is the most a transition
   built on that statement could reach against the floor at one group.
+- **cache** (``--only cache``, not part of the full run): the commits section's statements
+  on a connection in each pooler mode, the default (``transaction``: unnamed, parsed and
+  planned on every call) and the statement cache (``none``: named, prepared once per
+  connection), interleaved in each round; the medians, then the cache over the default as the
+  median of per-round ratios: what the pooler-safe default costs on a direct connection.
 - **batches**: continued hops committed together, as group commit sends them (four runs' hops
   per statement, about the batch 16 groups make): as rows of ``commit_phases`` and through
   ``continue_phases`` (migration 0024), interleaved rounds; wall, client CPU and server CPU per
@@ -84,7 +89,15 @@ from bench.measured_statements import SERVER_STATEMENTS
 from bench.statement_costs_report import markdown
 from bench.statement_databases import _with_setup, fresh_database
 from bench.statement_schema_comparisons import chains, loads, positions, rows, rules, schemas
-from bench.statement_sections import batches, checks, commits, driver, server, through_pool
+from bench.statement_sections import (
+    batches,
+    cache,
+    checks,
+    commits,
+    driver,
+    server,
+    through_pool,
+)
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,7 +105,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     try:
         if args.only is not None:
-            section = {"batches": batches, "commits": commits}.get(args.only)
+            section = {"batches": batches, "commits": commits, "cache": cache}.get(args.only)
             by_schema = {"schemas": schemas, "loads": loads, "rows": rows,
                          "chains": chains, "positions": positions}.get(args.only, schemas)
             found = (await section(await _with_setup(cluster.dsn), args.phases,
@@ -142,8 +155,8 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["batches", "commits", "schemas", "loads", "rows",
-                                           "chains", "positions"],
+    parser.add_argument("--only", choices=["batches", "commits", "cache", "schemas", "loads",
+                                           "rows", "chains", "positions"],
                         default=None,
                         help="run one section alone")
     args = parser.parse_args()

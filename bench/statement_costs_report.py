@@ -11,23 +11,35 @@ from bench.measured_statements import BATCH, COMMIT_CALLS, COMMIT_HOP, CONTINUE_
 from bench.statement_schema_comparisons import CHAINS_BEFORE, POSITIONS_BEFORE, ROWS_BEFORE
 
 
-def _paired(found: dict[str, list[dict[str, float]]], before: str) -> str:
-    """Each figure of the newest schema over the same figure at ``before`` in the same round,
-    median over rounds: on a machine whose speed drifts between minutes, the rounds' own
-    ratios hold steadier than the ratio of two medians."""
-    lines = [f"| statement (newest ÷ {before}, median of per-round ratios) | wall | "
-             "client CPU | server CPU | WAL | rounds |", "|---|---:|---:|---:|---:|---:|"]
-    suffix = f", schema {before}"
+def _paired(found: dict[str, list[dict[str, float]]], before: str,
+            after: str = "newest", what: str = "schema") -> str:
+    """Each figure at ``after`` over the same figure at ``before`` in the same round (labels
+    end in ``, {what} {before}`` and ``, {what} {after}``), median over rounds: on a machine
+    whose speed drifts between minutes, the rounds' own ratios hold steadier than the ratio
+    of two medians."""
+    lines = [f"| statement ({what} {after} ÷ {what} {before}, median of per-round ratios) | "
+             "wall | client CPU | server CPU | WAL | rounds |", "|---|---:|---:|---:|---:|---:|"]
+    suffix = f", {what} {before}"
     for label, old in found.items():
         if not label.endswith(suffix):
             continue
-        new = found[label[:-len(suffix)] + ", schema newest"]
+        new = found[label[:-len(suffix)] + f", {what} {after}"]
         cells = []
         for key in ("wall_us", "client_cpu_us", "server_cpu_us", "wal_bytes"):
             ratios = [n[key] / o[key] for o, n in zip(old, new, strict=True) if o.get(key)]
             cells.append(f"{statistics.median(ratios):.3f}" if ratios else "")
         lines.append(f"| {label[:-len(suffix)]} | {' | '.join(cells)} | {len(old)} |")
     return "\n".join(lines)
+
+
+def _cache(report: dict[str, Any]) -> str:
+    """Both pooler modes' medians, then the statement cache over the default round by round."""
+    lines = ["| one statement as a worker sends it, by pooler mode (interleaved rounds) "
+             "| wall (µs) | client CPU (µs) | server CPU (µs) |", "|---|---:|---:|---:|"]
+    lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
+              f"{v['server_cpu_us']:.0f} |" for label, v in report["cache"].items()]
+    return "\n".join([*lines, "", _paired(report["cache_rounds"], "transaction", "none",
+                                          what="pooler")])
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -40,6 +52,8 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{v['server_cpu_us']:.0f} | {v['wal_bytes']:.0f} |"
                   for label, v in report["commits"].items()]
         return "\n".join([*lines, "", f"floor wall: {floor:.0f} µs"])
+    if "cache" in report:
+        return _cache(report)
     if "rows" in report:
         return _paired(report["rows_rounds"], f"v{ROWS_BEFORE}")
     if "chains" in report:

@@ -1,7 +1,8 @@
 """The sections of the full run measured on the newest schema: a trivial statement through
 asyncpg and through phasegate's pool (driver), single statements inside the server (server),
 the commit function with and without its tables' triggers (checks), and each hop's commit as a
-worker sends it, alone (commits) and a batch per statement (batches).
+worker sends it, alone (commits), a batch per statement (batches), and alone in both pooler
+modes (cache).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from bench.measured_statements import (
 )
 from bench.statement_databases import _from_seq_0, fresh_database
 from bench.statement_timing import _calls, _hops
-from phasegate.db import connect, create_pool
+from phasegate.db import Pooler, connect, create_pool
 
+# The cache section's modes: the default first, the statement cache second (its numerator).
+POOLER_MODES: tuple[Pooler, ...] = ("transaction", "none")
 DESCRIBED_ONCE = "no named statements, the description kept (one round trip)"
 # Superuser only (a private cluster's): ALL takes the foreign keys' internal triggers too.
 NO_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER ALL"
@@ -90,6 +93,19 @@ async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
     for _ in range(rounds):
         for label in COMMIT_CALLS:
             found[label].append(await _calls(dsn, label, phases))
+    return found
+
+
+async def cache(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The commits section's statements in both pooler modes, interleaved in each round: what
+    the pooler-safe default (each statement unnamed, parsed and planned on every call) costs
+    against the statement cache a direct connection may use (``PHASEGATE_DATABASE_POOLER``)."""
+    found: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for label in COMMIT_CALLS:
+            for pooler in POOLER_MODES:
+                found.setdefault(f"{label}, pooler {pooler}", []).append(
+                    await _calls(dsn, label, phases, pooler=pooler))
     return found
 
 

@@ -12,7 +12,7 @@ import asyncpg
 from bench.common import process_cpu_s
 from bench.measured_statements import BATCH_CALLS, COMMIT_CALLS, RUNS
 from bench.statement_databases import _from_seq_0
-from phasegate.db import connect
+from phasegate.db import Pooler, connect
 
 
 async def _hops(dsn: str, body: str, phases: int) -> float:
@@ -42,12 +42,14 @@ def _process_cpu_s(pid: int) -> float:
     return seconds
 
 
-async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1) -> dict[str, float]:
+async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1,
+                 pooler: Pooler = "transaction") -> dict[str, float]:
     """Per hop of ``label``'s statement, RUNS x phases hops from seq 0, ``batch`` runs' hops
-    per call (the batches section's statements): wall, client CPU and the server process's
-    CPU, µs."""
+    per call (the batches section's statements), on a connection in ``pooler``'s mode (the
+    default's unnamed statements, or ``none``'s statement cache): wall, client CPU and the
+    server process's CPU, µs."""
     await _from_seq_0(dsn)
-    connection = await connect(dsn)
+    connection = await connect(dsn, pooler=pooler)
     try:
         pid = connection.get_server_pid()
         wal = await connection.fetchval(WAL_POSITION)
