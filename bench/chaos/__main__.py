@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.chaos.runner import ChaosConfig, run_chaos
+from bench.chaos.config import ChaosConfig
+from bench.chaos.runner import run_chaos
 
 
 def main(argv: list[str] | None = None) -> int:

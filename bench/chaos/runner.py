@@ -7,9 +7,10 @@ Layout (all on 127.0.0.1):
                            └─ commit-cut proxy ─▶ throwaway PostgreSQL (restarted -m immediate)
     workers ──▶ downstream test service (records every effect attempt by idempotency key)
 
-The runner starts the workflows at a steady pace over the fault window, fires the schedule,
-restarts workers that die, waits for the system to drain, stops everything with SIGTERM and
-checks the invariants (bench/chaos/invariants.py; I10, I12 and I11: bench/chaos/keyed.py, waits.py).
+The runner starts the workflows at a steady pace over the fault window (each run's kind, id and
+start: bench/chaos/mix.py), fires the schedule, restarts workers that die, waits for the system
+to drain, stops everything with SIGTERM and checks the invariants (bench/chaos/invariants.py;
+I10, I12 and I11: bench/chaos/keyed.py, waits.py).
 """
 
 from __future__ import annotations
@@ -30,64 +31,28 @@ from typing import Any
 import aioboto3
 import asyncpg
 
+from bench.chaos.config import ChaosConfig
 from bench.chaos.downstream import Downstream
 from bench.chaos.fleet import FAULT_LINE, Fleet, LogStats, read_logs
 from bench.chaos.inject import MAX_MESSAGE_BYTES, SHUTDOWN_GRACE_S, Injector
 from bench.chaos.invariants import DATABASE_ERRORS, Result, SentPoison, check_all
-from bench.chaos.keyed import (
-    SlotWatch,
-    in_burst,
-    keyed_ordinal,
-    keyed_prefix,
-    keyed_results,
-    start_keyed,
-)
+from bench.chaos.keyed import SlotWatch, keyed_results
+from bench.chaos.mix import plan_run
 from bench.chaos.moto_process import MotoProcess
 from bench.chaos.pg_proxy import PgCommitCutProxy
 from bench.chaos.schedule import SQS_FAULTS, build_schedule, kill_points
 from bench.chaos.sqs_proxy import SqsFaultProxy
 from bench.chaos.waits import SignalSender, i11_waits_kept
-from bench.chaos.workload import (
-    DOWNSTREAM_ENV,
-    PHASES,
-    TREE_PREFIX,
-    WAIT_PREFIX,
-    chaos,
-    chaos_tree,
-    chaos_wait,
-)
+from bench.chaos.workload import DOWNSTREAM_ENV, PHASES
 from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, local_aws_env
-from phasegate.orchestrator.starter import start_workflow
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.store import Store, create_pool
 
 VISIBILITY_S = 4
 MAX_UNFINISHED = 150  # runs started but not completed, at most (the producer waits)
 MAX_RECEIVE_COUNT = 50  # the documented production redrive policy (phasegate/queue.py)
-
-
-@dataclass
-class ChaosConfig:
-    seed: int
-    workflows: int
-    workers: int = 4
-    long: bool = False
-    concurrency: int = 8
-    drain_bound_s: float = 120.0
-    log_dir: Path | None = None
-    # Workers and relay reach Postgres through PgBouncer in transaction mode
-    # (commit-cut proxy -> PgBouncer -> server); the invariants are read directly.
-    pgbouncer: bool = False
-    # Every Nth run is a chaos-tree run (nested branches under the same faults); 0: none.
-    branching_every: int = 0
-    # Every Nth run is a chaos-keyed run (a concurrency key; invariant I10); 0: none.
-    keyed_every: int = 0
-    # Every Nth run is a chaos-wait run (a timer and a signal; invariant I11); 0: none.
-    wait_every: int = 0
-    # Local continuation in the fleet (PHASEGATE_CONTINUATION; on by default, as in production).
-    continuation: bool = True
 
 
 @dataclass
@@ -313,34 +278,21 @@ class ChaosRun:
                                  region="us-east-1")
         async with session_queue as queue:
             for i in range(total):
-                every = self.config.branching_every
-                tree = every > 0 and i % every == 0
-                ordinal = None if tree else keyed_ordinal(i, self.config.keyed_every)
-                keyed = ordinal is not None
+                plan = plan_run(i, self.config)
                 due = self.t0 + over_s * i / total
                 delay = due - time.monotonic()
-                if delay > 0 and not in_burst(ordinal):
+                if delay > 0 and plan.paced:
                     await asyncio.sleep(delay)  # the production pace of the schedule
                 await self._backpressure(pool)
-                wait_every = self.config.wait_every
-                waits = (not tree and not keyed and wait_every > 0
-                         and i % wait_every == wait_every // 2)
-                prefix = (keyed_prefix(ordinal) if ordinal is not None else TREE_PREFIX
-                          if tree else WAIT_PREFIX if waits else "cx")
-                wid = f"{prefix}{self.config.seed}_{i:05d}_{self.rng.getrandbits(32):08x}"
+                wid = plan.workflow_id(self.config.seed, self.rng.getrandbits(32))
                 while True:
                     try:
-                        if ordinal is not None:
-                            await start_keyed(store, queue, i, ordinal, wid)
-                            break
-                        await start_workflow(store, queue, workflow=chaos_tree if tree
-                                             else chaos_wait if waits else chaos,
-                                             input={"i": i}, workflow_id=wid)
+                        await plan.start(store, queue, wid)
                         break
                     except DATABASE_ERRORS:
                         await asyncio.sleep(0.2)  # Postgres is restarting: retry shortly
                 self.started.append(wid)
-                if waits:
+                if plan.signalled:
                     self.signals.schedule(pool, wid)
 
     async def _backpressure(self, pool: asyncpg.Pool) -> None:

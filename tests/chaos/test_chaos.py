@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos.runner import ChaosConfig, run_chaos
+from bench.chaos.config import ChaosConfig
+from bench.chaos.runner import run_chaos
 
 pytestmark = pytest.mark.slow
 
