@@ -41,20 +41,14 @@ async def _from_seq_0(dsn: str, *, analyze: bool = False) -> None:
 
 async def _at_schemas(server_dsn: str, *before: int) -> dict[str, str]:
     """Fresh databases with the setup: one at each schema of ``before``, one at the newest."""
-    databases = {}
     targets: list[tuple[str, int | None]] = [(f"v{b}", b) for b in before]
-    for schema, target in [*targets, ("newest", None)]:
-        databases[schema] = dsn = await fresh_database(server_dsn, target)
-        connection = await asyncpg.connect(dsn)
-        try:
-            await connection.execute(SETUP)
-        finally:
-            await connection.close()
-    return databases
+    return {schema: await _with_setup(server_dsn, target)
+            for schema, target in [*targets, ("newest", None)]}
 
 
-async def _with_setup(server_dsn: str) -> str:
-    dsn = await fresh_database(server_dsn)
+async def _with_setup(server_dsn: str, target: int | None = None) -> str:
+    """A fresh database at schema ``target`` (None: the newest) holding the setup."""
+    dsn = await fresh_database(server_dsn, target)
     setup = await asyncpg.connect(dsn)
     try:
         await setup.execute(SETUP)
