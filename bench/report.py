@@ -43,6 +43,28 @@ def _ratio(per: dict[str, Any], key: str, figure: str) -> float | None:
 
 CONTINUED = "+cont"  # the suffix of a workload measured with local continuation on
 
+# Statements made once a run or once a worker, not once a hop: the share of the round trips
+# per transition they make, named beside the figure (the counting pass labels a statement by
+# its query name, or by its first characters when it has none).
+ONCE_EACH = {"start_and_load": "a run's start", "start_keyed_and_load": "a run's start",
+             "-- A worker that stops cleanly": "a worker's stop"}
+
+
+def _once_each(counted: dict[str, Any]) -> str:
+    """`` (of which a run's start 0.001, a worker's stop 0.001)`` from a counting pass's
+    statements, or "" when none of them was counted."""
+    shares: dict[str, float] = {}
+    for label, per_transition in counted.get("phasegate_by_statement", {}).items():
+        statement = label.partition(":")[2]
+        for prefix, what in ONCE_EACH.items():
+            if statement.startswith(prefix):
+                shares[what] = shares.get(what, 0.0) + per_transition
+    if not shares:
+        return ""
+    named = [f"{what} {shares[what]:.3f}" for what in dict.fromkeys(ONCE_EACH.values())
+             if what in shares]
+    return " (of which " + ", ".join(named) + ")"
+
 
 def transition_targets(summary: dict[str, Any], command: str,
                        extra_commands: dict[str, str] | None = None
@@ -55,13 +77,13 @@ def transition_targets(summary: dict[str, Any], command: str,
     rows: list[tuple[str, str, str, str, str]] = []
 
     def add(target: str, value: float | None, where: str, bound: float, fmt: str,
-            above: bool = False) -> None:
+            above: bool = False, note: str = "") -> None:
         if value is None:
             rows.append((target, "not measured in this run", where, "?",
                          commands.get(where.split()[0], command)))
             return
         met = value >= bound if above else value <= bound
-        rows.append((target, fmt.format(value), where, "yes" if met else "**no**",
+        rows.append((target, fmt.format(value) + note, where, "yes" if met else "**no**",
                      commands.get(where.split()[0], command)))
 
     def continued(target: str, key: str, figure: str, bound: float, fmt: str,
@@ -101,7 +123,8 @@ def transition_targets(summary: dict[str, Any], command: str,
             if in_process:
                 counted = per.get(where, {}).get("pg_round_trips_per_transition")
                 add("≤ 1 Postgres round trip per transition (average)",
-                    counted["phasegate"] if counted else None, where, 1.0, "{:.3f}")
+                    counted["phasegate"] if counted else None, where, 1.0, "{:.3f}",
+                    note=_once_each(counted or {}))
         if not in_process and key + CONTINUED not in per:
             return
         calls = per.get(key, {}).get("sqs_calls_per_transition")

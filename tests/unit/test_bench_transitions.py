@@ -75,6 +75,18 @@ def test_every_transition_target_has_a_row_measured_or_pointed_elsewhere() -> No
     assert len(pointed) == 5  # throughput x2, SQS calls x2, LocalStack: continuation on
 
 
+def test_the_round_trips_made_once_a_run_or_once_a_worker_are_named_beside_the_figure() -> None:
+    counted = {"phasegate": 1.0013, "phasegate_by_statement": {
+        "exec:continue_phase": 0.9993, "exec:commit_phase": 0.0007,
+        "exec:start_and_load": 0.0007, "describe:start_and_load": 0.0003,
+        "exec:-- A worker that stops cleanly (scale-in": 0.0007}}
+    rows = transition_targets({"per_workload": {"memory/1g": {
+        "pg_round_trips_per_transition": counted}}}, "cmd")
+    by = {(target, where): measured for target, measured, where, *_ in rows}
+    assert by[("≤ 1 Postgres round trip per transition (average)", "memory/1g")] == (
+        "1.001 (of which a run's start 0.001, a worker's stop 0.001)")
+
+
 def test_a_target_without_its_workload_says_so() -> None:
     rows = transition_targets({"per_workload": {}}, "cmd")
     assert all(measured in ("not measured in this run", CONTINUATION)
