@@ -13,6 +13,10 @@ transaction mode (PgBouncer ``pool_mode = transaction``, RDS Proxy) needs is dec
   fails with ``prepared statement "__asyncpg_stmt_…__" does not exist``. The connections keep
   each query's description instead (phasegate/unnamed_statements.py, up to
   ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` queries), so a query costs one round trip, not two.
+- ``PHASEGATE_DATABASE_POOLER=pgbouncer`` (PgBouncer in transaction mode, any version) names
+  each query outside a transaction by a hash of its text and prepares it again on a server
+  connection that lacks it (phasegate/named_statements.py): parsed and planned once per server
+  connection, not on every call. Not behind RDS Proxy, where a named statement pins.
 - ``PHASEGATE_DATABASE_POOLER=none`` (a direct connection) keeps asyncpg's cache of
   ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` named statements: the server parses and plans a
   query once per connection instead of on every call (docs/how-to/poolers.md has the
@@ -26,11 +30,12 @@ from typing import Literal
 
 import asyncpg
 
+from phasegate.named_statements import TextNamedStatementConnection
 from phasegate.settings import Settings
 from phasegate.unnamed_statements import UnnamedStatementConnection
 
-Pooler = Literal["transaction", "none"]
-POOLERS: tuple[Pooler, ...] = ("transaction", "none")
+Pooler = Literal["transaction", "pgbouncer", "none"]
+POOLERS: tuple[Pooler, ...] = ("transaction", "pgbouncer", "none")
 DEFAULT_STATEMENT_CACHE_SIZE = 100
 # A stuck statement must not hold a pool slot forever; the longest query phasegate sends
 # (a purge batch) takes well under a second on a million rows.
@@ -42,12 +47,13 @@ def statement_cache_size(pooler: Pooler, configured: int = DEFAULT_STATEMENT_CAC
     """asyncpg's prepared-statement cache for this pooler mode: 0 behind a pooler."""
     if pooler not in POOLERS:
         raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
-    return 0 if pooler == "transaction" else configured
+    return configured if pooler == "none" else 0
 
 
 def _connect_kwargs(pooler: Pooler, cache: int, timeout_s: float) -> dict[str, object]:
     return {"statement_cache_size": statement_cache_size(pooler, cache),
-            "connection_class": UnnamedStatementConnection,
+            "connection_class": (TextNamedStatementConnection if pooler == "pgbouncer"
+                                 else UnnamedStatementConnection),
             "timeout": timeout_s, "command_timeout": COMMAND_TIMEOUT_S,
             "server_settings": {"application_name": APPLICATION_NAME}}
 
@@ -62,7 +68,8 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4,
                       pooler: Pooler = "transaction",
                       statement_cache: int = DEFAULT_STATEMENT_CACHE_SIZE,
                       connect_timeout_s: float = 10.0) -> asyncpg.Pool:
-    """A pool that is safe behind a transaction-mode pooler unless ``pooler="none"``."""
+    """A pool that is safe behind a transaction-mode pooler unless ``pooler="none"``
+    (``"pgbouncer"``: behind PgBouncer, not RDS Proxy)."""
     pool = await asyncpg.create_pool(
         dsn, min_size=min_size, max_size=max_size, reset=_no_session_state,
         init=_keeping_descriptions(statement_cache),

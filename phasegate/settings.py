@@ -91,17 +91,19 @@ class Settings(BaseSettings):
     # -- database
     db_pool_min: int = Field(default=1, ge=0)
     db_pool_max: int = Field(default=4, ge=1)
-    database_pooler: Literal["transaction", "none"] = Field(
+    database_pooler: Literal["transaction", "pgbouncer", "none"] = Field(
         default="transaction",
         description="transaction: safe behind PgBouncer transaction mode / RDS Proxy (no "
-        "named prepared statements); none: a direct connection, statement cache on.",
+        "named prepared statements); pgbouncer: PgBouncer in transaction mode only, each "
+        "query named by its text and prepared once per server connection; none: a direct "
+        "connection, statement cache on.",
     )
     db_statement_cache_size: int = Field(
         default=100,
         ge=0,
         description="Queries kept per connection: named prepared statements with "
-        "PHASEGATE_DATABASE_POOLER=none; with transaction, each query's description (its "
-        "types), so a query is one round trip (0: neither).",
+        "PHASEGATE_DATABASE_POOLER=none or pgbouncer; with transaction, each query's "
+        "description (its types), so a query is one round trip (0: neither).",
     )
     db_connect_timeout_s: float = Field(default=10.0, gt=0)
     commit_batch_window_ms: float = Field(

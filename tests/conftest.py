@@ -22,6 +22,7 @@ from bench.pgbouncer import PgBouncer
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
 from phasegate.settings import Settings
+from tests.helpers import NAMED_STATEMENT_URLS
 
 os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
 
@@ -119,7 +120,9 @@ def throwaway_database(server_dsn: str, prefix: str, template: str | None = None
 # with 6 server connections (bench/pgbouncer.py). The modules that prove the engine's
 # guarantees (SIGKILL, SIGTERM -> exit 0, duplicates and the relay, poison) run both ways;
 # everything else runs direct, to keep the suite's time.
-ROUTES = ("direct", "pgbouncer")
+# "pgbouncer-named": the same PgBouncer with PHASEGATE_DATABASE_POOLER=pgbouncer (statements
+# named by their text, phasegate/named_statements.py) for the pools and workers of the test.
+ROUTES = ("direct", "pgbouncer", "pgbouncer-named")
 POOLED_MODULES = frozenset({
     "tests.integration.test_engine_e2e",
     "tests.integration.test_crashes",
@@ -154,9 +157,15 @@ def database_url(pg_server_dsn: str, template_db: str, db_route: str,
     """A fresh, migrated database for this test (a clone of the template), reached the way
     ``db_route`` says (created and dropped directly either way)."""
     with throwaway_database(pg_server_dsn, "phasegate_t", template_db) as url:
-        if db_route == "pgbouncer":
+        if db_route.startswith("pgbouncer"):
             bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
-            yield bouncer.route(url)
+            routed = bouncer.route(url)
+            if db_route == "pgbouncer-named":
+                NAMED_STATEMENT_URLS.add(routed)
+            try:
+                yield routed
+            finally:
+                NAMED_STATEMENT_URLS.discard(routed)
         else:
             yield url
 

@@ -16,7 +16,7 @@ from typing import Any
 import aioboto3
 import asyncpg
 
-from phasegate.db import connect
+from phasegate.db import Pooler, connect
 from phasegate.orchestrator.relay import Relay
 from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.settings import Settings
@@ -50,9 +50,21 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+# Database URLs of the tests routed through PgBouncer with statements named by their text
+# (tests/conftest.py, route "pgbouncer-named"): their pools and workers use
+# PHASEGATE_DATABASE_POOLER=pgbouncer.
+NAMED_STATEMENT_URLS: set[str] = set()
+
+
+def pooler_for(database_url: str) -> Pooler:
+    """The pooler mode a test's pools and workers use for ``database_url``."""
+    return "pgbouncer" if database_url in NAMED_STATEMENT_URLS else "transaction"
+
+
 def make_settings(database_url: str, queue_pair: tuple[str, str], sqs_endpoint: str,
                   **overrides: Any) -> Settings:
-    values: dict[str, Any] = {**FAST, "database_url": database_url, "queue_url": queue_pair[0],
+    values: dict[str, Any] = {**FAST, "database_pooler": pooler_for(database_url),
+                              "database_url": database_url, "queue_url": queue_pair[0],
                               "dlq_url": queue_pair[1], "sqs_endpoint_url": sqs_endpoint,
                               "aws_region": "us-east-1", **overrides}
     return Settings(**values)
@@ -108,7 +120,8 @@ async def _ready_or_done(worker: Worker, task: asyncio.Task[None]) -> bool:
 
 @asynccontextmanager
 async def store_for(database_url: str) -> AsyncIterator[Store]:
-    pool = await create_pool(database_url, min_size=1, max_size=2)
+    pool = await create_pool(database_url, min_size=1, max_size=2,
+                             pooler=pooler_for(database_url))
     try:
         yield Store(pool)
     finally:

@@ -21,7 +21,7 @@ from phasegate.db import create_pool
 from phasegate.envelope import canonical_json, phase_message, start_message, state_hash
 from phasegate.group_commit import GroupCommit
 from phasegate.store import Lease, PhaseCommit, Store
-from tests.helpers import fetch, fetchval, wait_for
+from tests.helpers import fetch, fetchval, pooler_for, wait_for
 
 # Long enough that no batch in these tests is sent by the timer: only by the lock's release.
 HELD_WINDOW_S = 60.0
@@ -32,7 +32,8 @@ Result = tuple[datetime, int | None] | None
 async def grouped_store(database_url: str, window_s: float = HELD_WINDOW_S, *,
                         pool_size: int = 4) -> AsyncIterator[Store]:
     """A worker's store; its default pool (4) is large enough to keep a connection."""
-    pool = await create_pool(database_url, min_size=1, max_size=pool_size)
+    pool = await create_pool(database_url, min_size=1, max_size=pool_size,
+                             pooler=pooler_for(database_url))
     try:
         yield Store(pool, commit_window_s=window_s)
     finally:
@@ -269,7 +270,7 @@ async def test_back_to_back_commits_keep_one_connection_until_idle(database_url,
             assert await store.commit_phase(commit_of("wf_gc_kept", seq)) is not None
             pids.add(group.kept_server_pid)
         assert None not in pids
-        if db_route != "pgbouncer":  # behind a pooler the server process may change
+        if not db_route.startswith("pgbouncer"):  # behind a pooler the server process may change
             assert len(pids) == 1
 
         async def given_back() -> bool:
@@ -283,7 +284,7 @@ async def test_back_to_back_commits_keep_one_connection_until_idle(database_url,
 async def test_a_kept_connection_the_server_ended_is_replaced(database_url, db_route):
     """The server ends the kept connection between two commits (a restart, a failover, an
     operator): the next commit runs on a fresh one and succeeds."""
-    if db_route == "pgbouncer":
+    if db_route.startswith("pgbouncer"):
         pytest.skip("terminates the server backend directly; PgBouncer would hide which")
     async with grouped_store(database_url) as store:
         group = store.group_commit
@@ -340,7 +341,7 @@ def test_a_window_of_zero_is_not_a_group_commit():
 async def test_a_lost_connection_fails_every_commit_of_the_statement(database_url, db_route):
     """The server ends the connection under a grouped statement: each of its commits gets the
     error (as a single commit would), none is retried alone, and nothing is half-written."""
-    if db_route == "pgbouncer":
+    if db_route.startswith("pgbouncer"):
         pytest.skip("terminates the server backend directly; PgBouncer would hide which")
     async with grouped_store(database_url) as store:
         await running(store, "wf_gc_head", "wf_gc_l1", "wf_gc_l2", "wf_gc_l3")
@@ -401,7 +402,8 @@ async def test_a_batch_of_loads_claims_once_and_answers_each(database_url):
             await setup.start_run(workflow_id=workflow_id, workflow="wf", schema_version=1,
                                   input={"n": 1}, first_phase="a",
                                   message=start_message(workflow_id, "wf", {"n": 1}))
-    pool = await create_pool(database_url, min_size=1, max_size=2)
+    pool = await create_pool(database_url, min_size=1, max_size=2,
+                             pooler=pooler_for(database_url))
     try:
         store = Store(pool, load_window_s=HELD_WINDOW_S)
         async with held(database_url, "wf_gl_head"):
@@ -445,7 +447,8 @@ async def test_a_lone_load_runs_in_its_callers_task_and_a_cancel_hands_its_queue
         await setup.start_run(workflow_id="wf_gl_held", workflow="wf", schema_version=1,
                               input={}, first_phase="a",
                               message=start_message("wf_gl_held", "wf", {}))
-    pool = await create_pool(database_url, min_size=1, max_size=4)
+    pool = await create_pool(database_url, min_size=1, max_size=4,
+                             pooler=pooler_for(database_url))
     try:
         store = Store(pool, load_window_s=HELD_WINDOW_S)
         group = store.group_load
@@ -600,7 +603,8 @@ async def test_a_call_sent_alone_takes_its_own_statement(database_url):
     """A call's ``alone`` form (a continued hop's lean statement) is what goes when the call is
     sent by itself, directly or after a failed multi-row statement; in a batch it is a row of
     the multi-row statement like any other."""
-    pool = await create_pool(database_url, min_size=1, max_size=4)
+    pool = await create_pool(database_url, min_size=1, max_size=4,
+                             pooler=pooler_for(database_url))
     try:
         group = GroupCommit(
             pool, single_sql="SELECT 'single' AS how, $1::int AS n",
@@ -695,7 +699,8 @@ async def test_a_batch_of_loads_claims_a_waiting_run_only_for_its_seq(database_u
     # message may claim it (0036: a waiting run is claimed only once due).
     await fetchval(database_url, "UPDATE workflow_runs SET due_at = now() "
                    "WHERE workflow_id = 'wf_gl_due' RETURNING 1")
-    pool = await create_pool(database_url, min_size=1, max_size=2)
+    pool = await create_pool(database_url, min_size=1, max_size=2,
+                             pooler=pooler_for(database_url))
     try:
         store = Store(pool, load_window_s=HELD_WINDOW_S)
         async with held(database_url, "wf_gl_head"):

@@ -82,3 +82,29 @@ async def test_worker_logs_the_fifo_quota_it_runs_under(pgbouncer: PgBouncer, da
     assert quota[0]["mode"] == "high_throughput"
     assert quota[0]["calls_per_s_per_group"] == 300
     assert not [e for e in logs if e["event"] == "sqs_quota_standard_fifo"]
+
+
+async def test_a_worker_with_named_statements_through_the_pooler(
+        pgbouncer: PgBouncer, database_url: str, queue_pair, sqs_endpoint):
+    """PHASEGATE_DATABASE_POOLER=pgbouncer through PgBouncer 1.18 (6 server connections, no
+    max_prepared_statements): every run completes, and the hot path's statements are named
+    statements on the server connections (parsed once per server connection, not per call)."""
+    pooled = pgbouncer.route(database_url)
+    workflows.LEDGER_DSN = pooled
+    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler="pgbouncer")
+    async with store_for(pooled) as store, queue_for(settings) as queue:
+        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
+                                     input={"n": i})).workflow_id for i in range(12)]
+    async with running_worker(settings, Registry([workflows.chain])) as worker:
+        await wait_for(lambda: all_done(database_url, ids), what="runs done")
+        assert worker.store is not None
+        connections = [h._con for h in worker.store.pool._holders if h._con is not None]
+        assert sum(c.missed for c in connections) >= 1
+        assert sum(c.unnamed_after_misses for c in connections) == 0
+    holder = await connect(pooled, pooler="pgbouncer")
+    try:
+        names = [r["name"] for r in await holder.fetch(
+            "SELECT name FROM pg_prepared_statements")]
+    finally:
+        await holder.close()
+    assert any(name.startswith("phasegate_") for name in names)

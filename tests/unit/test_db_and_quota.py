@@ -16,9 +16,11 @@ from phasegate.settings import SettingsError, load_settings
 
 def test_behind_a_pooler_no_statement_is_cached_whatever_the_cache_setting():
     assert statement_cache_size("transaction", 100) == 0
+    # asyncpg's own cache (names per client connection) is off; phasegate names by text.
+    assert statement_cache_size("pgbouncer", 100) == 0
     assert statement_cache_size("none", 100) == 100
     assert statement_cache_size("none", 0) == 0
-    with pytest.raises(ValueError, match="transaction, none"):
+    with pytest.raises(ValueError, match="transaction, pgbouncer, none"):
         statement_cache_size("session", 100)  # type: ignore[arg-type]
 
 
@@ -27,6 +29,8 @@ def test_pooler_setting_defaults_to_transaction_and_rejects_unknown_modes(monkey
     assert load_settings().database_pooler == "transaction"
     monkeypatch.setenv("PHASEGATE_DATABASE_POOLER", "none")
     assert load_settings().database_pooler == "none"
+    monkeypatch.setenv("PHASEGATE_DATABASE_POOLER", "pgbouncer")
+    assert load_settings().database_pooler == "pgbouncer"
     monkeypatch.setenv("PHASEGATE_DATABASE_POOLER", "session")
     with pytest.raises(SettingsError) as error:
         load_settings()

@@ -1,0 +1,202 @@
+"""Statements named by their text, prepared again on a server connection that lacks them.
+
+With ``PHASEGATE_DATABASE_POOLER=pgbouncer`` a query outside an explicit transaction is sent as
+a named statement whose name is a hash of its text: the server parses and plans it once per
+server connection, and every later call is Bind + Execute + Sync, with no Parse. Behind a
+transaction-mode PgBouncer the Bind may reach a server connection that never saw the name;
+the server answers ``prepared statement "…" does not exist`` before executing anything, and
+the connection then sends Parse + Describe of that name, without a Sync, and the Bind after
+it: the pooler keeps the server connection until the Sync, so the Bind finds the statement it
+was just given. Each server connection learns each statement once; PgBouncer 1.21 or later
+with ``max_prepared_statements`` does the same bookkeeping itself and works unchanged.
+
+The name depends only on the text, so every client connection sharing a server connection
+means the same statement by it. A ``Parse`` of a name the server connection already holds (it
+learnt it from another client between the miss and the Parse) fails with ``already exists``,
+again before anything runs: the Bind is sent again. After ``MISSES_PER_CALL`` such rounds the
+call goes out unnamed, as ``transaction`` sends it.
+
+What is not named:
+
+- a query inside an explicit transaction: an error there would abort the transaction, so it
+  is the unnamed statement, as with ``transaction``;
+- anything asyncpg names or describes for itself (``prepare()``, cursors);
+- everything when ``PHASEGATE_DB_STATEMENT_CACHE_SIZE`` is 0.
+
+A server connection that holds a name prepared before DDL changed the query's result type
+answers ``cached plan must not change result type`` at the Bind, before anything runs: the
+connection then names its queries afresh (a new generation in the hash) and sends the call
+again, described and prepared with the new types.
+
+Not for RDS Proxy: a named statement that outlives its transaction pins the client to one
+server connection there (docs/how-to/poolers.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from typing import Any
+
+from asyncpg import exceptions
+from asyncpg.protocol.protocol import PreparedStatementState
+
+from phasegate import unnamed_statements
+from phasegate.unnamed_statements import UnnamedStatementConnection
+
+# A name PostgreSQL keeps whole (NAMEDATALEN 64) and no other client would choose.
+NAME_PREFIX = "phasegate_"
+NAME_HASH_CHARS = 32
+# Rounds of "does not exist" / "already exists" in one call before it goes out unnamed: each
+# round teaches one server connection the name, so a pooler of a few dozen server connections
+# converges within a few calls per connection and the bound only matters if something keeps
+# dropping the statements (a DISCARD ALL after every transaction).
+MISSES_PER_CALL = 4
+
+_Key = tuple[object, ...]
+
+
+def statement_name(query: str, generation: int = 0) -> str:
+    """The name of ``query``'s statement: the same on every client connection."""
+    text = query if not generation else f"{generation}:{query}"
+    return NAME_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:NAME_HASH_CHARS]
+
+
+class TextNamedStatementConnection(UnnamedStatementConnection):
+    """An asyncpg connection whose queries outside a transaction are statements named by their
+    text (``statement_name``), prepared again wherever the server lacks them.
+
+    ``missed`` counts the Parse rounds sent after a miss, ``already_there`` the Parses that
+    found the name present, ``unnamed_after_misses`` the calls sent unnamed after
+    ``MISSES_PER_CALL`` rounds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._named: OrderedDict[_Key, tuple[Any, float]] = OrderedDict()
+        self._generation = 0
+        self._naming_off = False
+        self.missed = 0
+        self.already_there = 0
+        self.unnamed_after_misses = 0
+
+    @property
+    def generation(self) -> int:
+        """How many times DDL made this connection name its queries afresh."""
+        return self._generation
+
+    def keep_descriptions(self, size: int) -> None:
+        super().keep_descriptions(size)
+        while len(self._named) > self._descriptions_size:
+            self._named.popitem(last=False)
+
+    def _names(self, named: str | bool | None, use_cache: bool) -> bool:
+        return (not named and use_cache and not self._naming_off and not self._stmt_cache_enabled
+                and self._descriptions_size > 0 and not self.is_in_transaction())
+
+    # asyncpg's own signatures (a timeout argument among them), overridden as they are.
+    async def _get_statement(self, query: str, timeout: float | None, *,  # noqa: ASYNC109
+                             named: str | bool | None = False, use_cache: bool = True,
+                             ignore_custom_codec: bool = False,
+                             record_class: Any = None) -> Any:
+        if not self._names(named, use_cache):
+            return await super()._get_statement(
+                query, timeout, named=named, use_cache=use_cache,
+                ignore_custom_codec=ignore_custom_codec, record_class=record_class)
+        key = self._description_key(query, record_class, ignore_custom_codec)
+        kept = self._named.get(key)
+        if kept is not None:
+            statement, until = kept
+            if time.monotonic() < until:
+                self._named.move_to_end(key)
+                return statement
+            del self._named[key]
+        statement = await self._describe_named(query, timeout, key)
+        self._named[key] = (statement,
+                            time.monotonic() + unnamed_statements.DESCRIPTION_LIFETIME_S)
+        if len(self._named) > self._descriptions_size:
+            self._named.popitem(last=False)
+        return statement
+
+    async def _describe_named(self, query: str, timeout: float | None,  # noqa: ASYNC109
+                              key: _Key) -> Any:
+        """A named statement's state, described through the unnamed statement: a Parse of the
+        name here could find it present on this server connection (another client's) and
+        fail, and the description is all the client needs. Its first Bind then misses or
+        finds it, as any later one."""
+        _, record_class, ignore_custom_codec = key
+        statement = PreparedStatementState(statement_name(query, self._generation), query,
+                                           self._protocol, record_class, ignore_custom_codec)
+        await self._protocol.prepare("", query, timeout, state=statement,
+                                     record_class=record_class,
+                                     ignore_custom_codec=ignore_custom_codec)
+        missing = statement._init_types()
+        tries = 0
+        while missing:  # as asyncpg's own _get_statement: types it has no codec for yet
+            types, _ = await self._introspect_types(missing, timeout)
+            self._protocol.get_settings().register_data_types(types)
+            missing = statement._init_types()
+            tries += 1
+            if tries > 5:
+                raise exceptions.InternalClientError(
+                    f"could not resolve the types of a query in {tries} attempts")
+        statement._init_codecs()
+        self.described += 1
+        return statement
+
+    async def _do_execute(self, query: str, executor: Any,
+                          timeout: float | None,  # noqa: ASYNC109
+                          retry: bool = True, *, ignore_custom_codec: bool = False,
+                          record_class: Any = None) -> Any:
+        key = self._description_key(query, record_class, ignore_custom_codec)
+        for _ in range(MISSES_PER_CALL):
+            try:
+                return await super()._do_execute(
+                    query, executor, timeout, retry, ignore_custom_codec=ignore_custom_codec,
+                    record_class=record_class)
+            except exceptions.InvalidSQLStatementNameError:
+                kept = self._named.get(key)
+                if kept is None or self.is_in_transaction():
+                    raise
+                await self._prepare_here(kept[0], timeout)
+            except exceptions.InvalidCachedStatementError:
+                # A server connection holds the name with the result type it had before DDL
+                # (refused at Bind, before anything ran): every query is named afresh, so each
+                # is described and prepared again with its new types.
+                if self.is_in_transaction():
+                    raise
+                self._generation += 1
+                self._named.clear()
+            except BaseException:
+                self._named.pop(key, None)
+                raise
+        self.unnamed_after_misses += 1
+        self._named.pop(key, None)
+        return await self._unnamed(query, executor, timeout, retry, ignore_custom_codec,
+                                   record_class)
+
+    async def _prepare_here(self, statement: Any, timeout: float | None) -> None:  # noqa: ASYNC109
+        """Parse + Describe of the statement's name with no Sync after it: the Bind that
+        follows reaches the same server connection, even through a transaction pooler."""
+        self.missed += 1
+        try:
+            await self._protocol.prepare(statement.name, statement.query, timeout,
+                                         state=statement, record_class=statement.record_class,
+                                         ignore_custom_codec=statement.ignore_custom_codec)
+        except exceptions.DuplicatePreparedStatementError:
+            self.already_there += 1
+
+    async def _unnamed(self, query: str, executor: Any, timeout: float | None,  # noqa: ASYNC109
+                       retry: bool, ignore_custom_codec: bool, record_class: Any) -> Any:
+        """This one call as ``transaction`` sends it."""
+        self._naming_off = True
+        try:
+            return await super()._do_execute(
+                query, executor, timeout, retry, ignore_custom_codec=ignore_custom_codec,
+                record_class=record_class)
+        finally:
+            self._naming_off = False
+
+    def _drop_local_statement_cache(self) -> None:
+        super()._drop_local_statement_cache()
+        self._named.clear()
