@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from phasegate.orchestrator.embedded import free_port
@@ -59,8 +60,10 @@ def find_pgbouncer(install: bool = True) -> str:
 
 
 def config_text(*, listen_port: int, upstream_host: str, upstream_port: int, workdir: str,
-                server_pool: int = SERVER_POOL) -> str:
-    return "\n".join([
+                server_pool: int = SERVER_POOL, extra: dict[str, str] | None = None) -> str:
+    """The config file; ``extra`` adds or replaces ``[pgbouncer]`` settings (a test's
+    ``server_reset_query``)."""
+    lines = [
         "[databases]",
         f"* = host={upstream_host} port={upstream_port}",
         "[pgbouncer]",
@@ -86,24 +89,28 @@ def config_text(*, listen_port: int, upstream_host: str, upstream_port: int, wor
         f"pidfile = {workdir}/pgbouncer.pid",
         "log_connections = 0",
         "log_disconnections = 0",
-        "",
-    ])
+    ]
+    for name, value in (extra or {}).items():
+        lines = [line for line in lines if not line.startswith(f"{name} =")]
+        lines.append(f"{name} = {value}")
+    return "\n".join([*lines, ""])
 
 
 class PgBouncer:
     """A running PgBouncer (transaction mode) in front of ``upstream_host:upstream_port``."""
 
     def __init__(self, upstream_port: int, *, upstream_host: str = "127.0.0.1",
-                 server_pool: int = SERVER_POOL) -> None:
+                 server_pool: int = SERVER_POOL, extra: dict[str, str] | None = None) -> None:
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
         self.server_pool = server_pool
+        self.extra = extra or {}
         self.port = free_port()
         self._workdir: str | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def in_front_of(cls, dsn: str, **kwargs: int) -> PgBouncer:
+    def in_front_of(cls, dsn: str, **kwargs: Any) -> PgBouncer:
         parts = urlsplit(dsn)
         return cls(parts.port or 5432, upstream_host=parts.hostname or "127.0.0.1", **kwargs)
 
@@ -121,7 +128,7 @@ class PgBouncer:
         config = workdir / "pgbouncer.ini"
         config.write_text(config_text(listen_port=self.port, upstream_host=self.upstream_host,
                                       upstream_port=self.upstream_port, workdir=self._workdir,
-                                      server_pool=self.server_pool))
+                                      server_pool=self.server_pool, extra=self.extra))
         argv = [binary, str(config)]
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")

@@ -9,6 +9,9 @@ alternate each round on a fresh database, figures are medians. Modes:
 - ``direct/cache`` — direct, asyncpg's statement cache on (PHASEGATE_DATABASE_POOLER=none);
 - ``direct/nocache`` — direct, no named statements (the default, transaction);
 - ``pgbouncer/nocache`` — through PgBouncer 1.18, transaction mode, 6 server connections;
+- ``pgbouncer/named`` — the same PgBouncer, statements named by their text
+  (PHASEGATE_DATABASE_POOLER=pgbouncer, phasegate/named_statements.py);
+- ``direct/named`` — that mode on a direct connection;
 - ``pgbouncer/cache`` — the cache through PgBouncer: expected to fail (named statements do not
   survive a transaction pooler; PgBouncer ≥ 1.21's ``max_prepared_statements`` would be the fix,
   Debian bookworm ships 1.18).
@@ -37,13 +40,14 @@ from phasegate.store import Store
 from phasegate.worker.fake_queue import InMemoryFifoQueue
 
 MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
-                                         ("pgbouncer", "transaction"), ("pgbouncer", "none"))
+                                         ("direct", "pgbouncer"), ("pgbouncer", "transaction"),
+                                         ("pgbouncer", "pgbouncer"), ("pgbouncer", "none"))
 PHASES = 10
 FAIL_AFTER_S = 60.0
 
 
 def mode_name(route: str, pooler: Pooler) -> str:
-    return f"{route}/{'cache' if pooler == 'none' else 'nocache'}"
+    return f"{route}/{ {'none': 'cache', 'pgbouncer': 'named'}.get(pooler, 'nocache')}"
 
 
 async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,

@@ -4,13 +4,15 @@ suite's invariants; the same run direct, and throughput pooled ÷ direct.
     python -m bench.soak --runs 10000 --workers 8 --rounds 1
 
 Each round runs every route (``direct``, then ``pgbouncer``: transaction mode, 6 server
-connections) on a fresh database and a fresh queue: ``--workers`` worker processes and one
-``phasegate orchestrator`` (API, outbox relay, exporter), the chaos workload (5 phases, one
-write step each against the downstream test service, bench/chaos/workload.py), runs started
-with back-pressure (at most ``--in-flight`` unfinished: moto rescans its queue on every call,
-so a deep backlog measures moto, not phasegate). No faults are injected. After the drain:
-every process is stopped with SIGTERM (exit 0 expected) and I1-I5 are checked from the
-database and the downstream ledger. Server connections are sampled from pg_stat_activity.
+connections; ``--routes direct,pgbouncer,pgbouncer-named`` adds the same PgBouncer with
+PHASEGATE_DATABASE_POOLER=pgbouncer, statements named by their text) on a fresh database and a
+fresh queue: ``--workers`` worker processes and one ``phasegate orchestrator`` (API, outbox
+relay, exporter), the chaos workload (5 phases, one write step each against the downstream test
+service, bench/chaos/workload.py), runs started with back-pressure (at most ``--in-flight``
+unfinished: moto rescans its queue on every call, so a deep backlog measures moto, not
+phasegate). No faults are injected. After the drain: every process is stopped with SIGTERM
+(exit 0 expected) and I1-I5 are checked from the database and the downstream ledger. Server
+connections are sampled from pg_stat_activity.
 
 moto answers every call in milliseconds on one core, so on a small machine both routes are
 bound by the SQS emulator; the ratio says what the pooler costs on top, not AWS throughput.
@@ -49,12 +51,14 @@ from phasegate.queue import SqsQueue, create_fifo_queue_pair
 from phasegate.store import Store
 
 ROUTES = ("direct", "pgbouncer")
+# Each route's PHASEGATE_DATABASE_POOLER.
+POOLER_OF = {"direct": "transaction", "pgbouncer": "transaction", "pgbouncer-named": "pgbouncer"}
 VISIBILITY_S = 10
 
 
 def _env(dsn: str, urls: tuple[str, str], endpoint: str, downstream: str,
-         concurrency: int) -> dict[str, str]:
-    return {**local_aws_env(), "PHASEGATE_DATABASE_URL": dsn,
+         concurrency: int, pooler: str = "transaction") -> dict[str, str]:
+    return {**local_aws_env(), "PHASEGATE_DATABASE_URL": dsn, "PHASEGATE_DATABASE_POOLER": pooler,
             "PHASEGATE_QUEUE_URL": urls[0], "PHASEGATE_DLQ_URL": urls[1],
             "PHASEGATE_SQS_ENDPOINT_URL": endpoint, "PHASEGATE_AWS_REGION": "us-east-1",
             "PHASEGATE_WORKFLOW_MODULES": "bench.chaos.workload",
@@ -89,8 +93,8 @@ async def soak_once(databases: Databases, route: str, *, runs: int, workers: int
                     concurrency: int, in_flight: int, log_dir: Path) -> dict[str, Any]:
     direct = await databases.fresh()
     database = urlsplit(direct).path.lstrip("/")
-    bouncer = PgBouncer.in_front_of(databases.server_dsn).start() if route == "pgbouncer" \
-        else None
+    bouncer = PgBouncer.in_front_of(databases.server_dsn).start() \
+        if route.startswith("pgbouncer") else None
     dsn = bouncer.route(direct) if bouncer else direct
     moto = MotoProcess(log_dir)
     downstream = Downstream(seed=7)
@@ -104,7 +108,7 @@ async def soak_once(databases: Databases, route: str, *, runs: int, workers: int
                                              region_name="us-east-1") as client:
             urls = await create_fifo_queue_pair(client, f"soak{uuid.uuid4().hex[:8]}",
                                                 visibility_timeout_s=VISIBILITY_S)
-        env = _env(dsn, urls, moto.url, downstream.url, concurrency)
+        env = _env(dsn, urls, moto.url, downstream.url, concurrency, POOLER_OF[route])
         fleet = Fleet(env=env, log_dir=log_dir, kill_points=[], seed=0)
         for slot in range(workers):
             fleet.start_worker(slot, arm=False)
@@ -205,8 +209,10 @@ async def soak(*, runs: int, workers: int, concurrency: int, in_flight: int, rou
         "all_invariants_hold": all(all(r["invariants"].values()) for r in results),
         "all_clean_exits": all(r["clean_exits"] for r in results), "logs": str(log_root),
         "results": results}
-    if set(routes) == set(ROUTES):
+    if set(ROUTES) <= set(routes):
         summary["pooled_over_direct"] = round(by_route["pgbouncer"] / by_route["direct"], 2)
+    if {"direct", "pgbouncer-named"} <= set(routes):
+        summary["named_over_direct"] = round(by_route["pgbouncer-named"] / by_route["direct"], 2)
     return summary
 
 
@@ -218,8 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument("--routes", default=",".join(ROUTES),
+                        help=f"comma-separated, of {', '.join(POOLER_OF)}")
     args = parser.parse_args(argv)
+    unknown = set(args.routes.split(",")) - set(POOLER_OF)
+    if unknown:
+        parser.error(f"unknown route(s): {', '.join(sorted(unknown))}")
     summary = asyncio.run(soak(runs=args.runs, workers=args.workers,
                                concurrency=args.concurrency, in_flight=args.in_flight,
                                rounds=args.rounds, routes=args.routes.split(",")))

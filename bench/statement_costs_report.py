@@ -33,13 +33,16 @@ def _paired(found: dict[str, list[dict[str, float]]], before: str,
 
 
 def _cache(report: dict[str, Any]) -> str:
-    """Both pooler modes' medians, then the statement cache over the default round by round."""
+    """Each pooler mode's medians, then each named mode over the default round by round."""
     lines = ["| one statement as a worker sends it, by pooler mode (interleaved rounds) "
              "| wall (µs) | client CPU (µs) | server CPU (µs) |", "|---|---:|---:|---:|"]
     lines += [f"| {label} | {v['wall_us']:.0f} | {v['client_cpu_us']:.0f} | "
               f"{v['server_cpu_us']:.0f} |" for label, v in report["cache"].items()]
-    return "\n".join([*lines, "", _paired(report["cache_rounds"], "transaction", "none",
-                                          what="pooler")])
+    found = report["cache_rounds"]
+    named = [mode for mode in ("pgbouncer", "none")
+             if any(label.endswith(f", pooler {mode}") for label in found)]
+    return "\n\n".join(["\n".join(lines), *(
+        _paired(found, "transaction", mode, what="pooler") for mode in named)])
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from bench.statement_timing import _calls, _hops
 from phasegate.db import Pooler, connect, create_pool
 
 # The cache section's modes: the default first, the statement cache second (its numerator).
-POOLER_MODES: tuple[Pooler, ...] = ("transaction", "none")
+POOLER_MODES: tuple[Pooler, ...] = ("transaction", "pgbouncer", "none")
 DESCRIBED_ONCE = "no named statements, the description kept (one round trip)"
 # Superuser only (a private cluster's): ALL takes the foreign keys' internal triggers too.
 NO_TRIGGERS = [f"ALTER TABLE {table} DISABLE TRIGGER ALL"
@@ -97,9 +97,10 @@ async def commits(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str
 
 
 async def cache(dsn: str, phases: int, rounds: int) -> dict[str, list[dict[str, float]]]:
-    """The commits section's statements in both pooler modes, interleaved in each round: what
+    """The commits section's statements in each pooler mode, interleaved in each round: what
     the pooler-safe default (each statement unnamed, parsed and planned on every call) costs
-    against the statement cache a direct connection may use (``PHASEGATE_DATABASE_POOLER``)."""
+    against statements named by their text (``pgbouncer``) and against the statement cache a
+    direct connection may use (``none``; ``PHASEGATE_DATABASE_POOLER``)."""
     found: dict[str, list[dict[str, float]]] = {}
     for _ in range(rounds):
         for label in COMMIT_CALLS:

@@ -46,8 +46,8 @@ async def _calls(dsn: str, label: str, phases: int, *, batch: int = 1,
                  pooler: Pooler = "transaction") -> dict[str, float]:
     """Per hop of ``label``'s statement, RUNS x phases hops from seq 0, ``batch`` runs' hops
     per call (the batches section's statements), on a connection in ``pooler``'s mode (the
-    default's unnamed statements, or ``none``'s statement cache): wall, client CPU and the
-    server process's CPU, µs."""
+    default's unnamed statements, ``pgbouncer``'s named by their text, or ``none``'s statement
+    cache): wall, client CPU and the server process's CPU, µs."""
     await _from_seq_0(dsn)
     connection = await connect(dsn, pooler=pooler)
     try:

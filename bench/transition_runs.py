@@ -31,6 +31,7 @@ from bench.common import (
 )
 from bench.floor import Floor, SqsFloorQueue, floor_message
 from bench.workload import noop_workflow, seed_runs, stopping_worker
+from phasegate.db import Pooler
 from phasegate.queue import USER_AGENT, SqsQueue, create_fifo_queue_pair
 from phasegate.residency import RegionalStore
 from phasegate.settings import Settings
@@ -87,9 +88,10 @@ class Env:
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     continuation: bool = True  # phasegate's PHASEGATE_CONTINUATION (--continuation)
     # phasegate's PHASEGATE_DATABASE_POOLER (--pooler): "transaction", the default, plans every
-    # statement anew (no statement cache, safe behind a pooler); "none" caches them, as the
-    # floor's plain asyncpg pool does.
-    pooler: str = "transaction"
+    # statement anew (no statement cache, safe behind a pooler); "pgbouncer" names them by
+    # their text (once per server connection); "none" caches them, as the floor's plain
+    # asyncpg pool does.
+    pooler: Pooler = "transaction"
     # ``REHEARSAL`` before each timed run (--rehearsal; off: as results up to ``final4-*``).
     rehearsal: bool = True
     # The floor's SQS client (--floor-user-agent): "stock", aioboto3's defaults, as a plain
@@ -129,7 +131,7 @@ def wait_time_for(backend: str) -> int:
 async def run_phasegate(dsn: str, workload: Workload, env: Env) -> dict[str, Any]:
     workflow = noop_workflow(workload.phases)
     pool = await create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY,
-                             pooler="none" if env.pooler == "none" else "transaction")
+                             pooler=env.pooler)
     # The store a worker runs with (worker/startup.py): one region, its audit line per commit.
     store = RegionalStore(pool, commit_window_s=env.commit_window_ms / 1000,
                           load_window_s=env.load_window_ms / 1000)

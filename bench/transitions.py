@@ -27,6 +27,7 @@ from bench.transition_processes import cold_start_and_rss, failover
 from bench.transition_round_trips import count_round_trips
 from bench.transition_runs import CONCURRENCY, Env, Workload, timed_runs
 from bench.transition_summary import render_table, summarise
+from phasegate.db import POOLERS, Pooler
 from phasegate.orchestrator.embedded import local_aws_env
 
 RESULTS = ROOT / "bench" / "results"
@@ -57,7 +58,7 @@ async def bench(*, quick: bool, backends: list[str], repeats: int, process_repea
                 localstack_endpoint: str | None = None,
                 phases: dict[int, int] | None = None,
                 load_window_ms: float | None = None,
-                continuation: bool = True, pooler: str = "transaction",
+                continuation: bool = True, pooler: Pooler = "transaction",
                 rehearsal: bool = True,
                 history: int = HISTORY_RUNS, cores: str = "shared",
                 floor_user_agent: str = "stock") -> dict[str, Any]:
@@ -142,9 +143,10 @@ def main() -> None:
                         "carry what a connection and a phase name cost once)")
     parser.add_argument("--continuation", choices=("on", "off"), default="on",
                         help="phasegate's local continuation (PHASEGATE_CONTINUATION)")
-    parser.add_argument("--pooler", choices=("transaction", "none"), default="transaction",
+    parser.add_argument("--pooler", choices=POOLERS, default="transaction",
                         help="phasegate's PHASEGATE_DATABASE_POOLER: transaction (default, no "
-                        "statement cache) or none (statements cached, as the floor's are)")
+                        "statement cache), pgbouncer (statements named by their text) or none "
+                        "(asyncpg's statement cache, as the floor's)")
     parser.add_argument("--history", type=int, default=HISTORY_RUNS, metavar="RUNS",
                         help="finished runs every database starts with, analyzed (default "
                         f"{HISTORY_RUNS}; 0: empty, never-analyzed databases, as before "

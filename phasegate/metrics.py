@@ -26,6 +26,12 @@ GROUP_COMMIT_FALLBACKS = Counter(
     "phasegate_group_commit_fallbacks_total",
     "Multi-row statements that failed as a whole and were retried one call each.",
     ["statement"])
+STATEMENT_PREPARES = Counter(
+    "phasegate_db_statement_prepares_total",
+    "Statements named by their text (PHASEGATE_DATABASE_POOLER=pgbouncer): a Parse sent to a "
+    "server connection that lacked the name (missed), one that found it there already "
+    "(already_there), a call sent unnamed after too many misses (unnamed).",
+    ["outcome"])
 MESSAGES = Counter(
     "phasegate_messages_total", "Received messages by what became of them.", ["outcome"])
 PHASES_IN_FLIGHT = Gauge("phasegate_phases_in_flight", "Phase handlers running now.")

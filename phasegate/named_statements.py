@@ -42,19 +42,23 @@ from typing import Any
 from asyncpg import exceptions
 from asyncpg.protocol.protocol import PreparedStatementState
 
-from phasegate import unnamed_statements
+from phasegate import metrics, unnamed_statements
 from phasegate.unnamed_statements import UnnamedStatementConnection
 
 # A name PostgreSQL keeps whole (NAMEDATALEN 64) and no other client would choose.
 NAME_PREFIX = "phasegate_"
 NAME_HASH_CHARS = 32
-# Rounds of "does not exist" / "already exists" in one call before it goes out unnamed: each
-# round teaches one server connection the name, so a pooler of a few dozen server connections
-# converges within a few calls per connection and the bound only matters if something keeps
-# dropping the statements (a DISCARD ALL after every transaction).
+# Misses in one call before it goes out unnamed. A miss whose Parse succeeds is followed by a
+# Bind on the same server connection, which then finds the statement; only a Parse that finds
+# the name present (and a Bind that then lands on a server connection without it, after the
+# Sync) makes a second round, so the bound is for a pooler whose server connections keep
+# changing, never reached in a steady one.
 MISSES_PER_CALL = 4
 
 _Key = tuple[object, ...]
+_MISSED = metrics.STATEMENT_PREPARES.labels(outcome="missed")
+_ALREADY_THERE = metrics.STATEMENT_PREPARES.labels(outcome="already_there")
+_UNNAMED = metrics.STATEMENT_PREPARES.labels(outcome="unnamed")
 
 
 def statement_name(query: str, generation: int = 0) -> str:
@@ -171,6 +175,7 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
                 self._named.pop(key, None)
                 raise
         self.unnamed_after_misses += 1
+        _UNNAMED.inc()
         self._named.pop(key, None)
         return await self._unnamed(query, executor, timeout, retry, ignore_custom_codec,
                                    record_class)
@@ -179,12 +184,14 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
         """Parse + Describe of the statement's name with no Sync after it: the Bind that
         follows reaches the same server connection, even through a transaction pooler."""
         self.missed += 1
+        _MISSED.inc()
         try:
             await self._protocol.prepare(statement.name, statement.query, timeout,
                                          state=statement, record_class=statement.record_class,
                                          ignore_custom_codec=statement.ignore_custom_codec)
         except exceptions.DuplicatePreparedStatementError:
             self.already_there += 1
+            _ALREADY_THERE.inc()
 
     async def _unnamed(self, query: str, executor: Any, timeout: float | None,  # noqa: ASYNC109
                        retry: bool, ignore_custom_codec: bool, record_class: Any) -> Any:

@@ -8,9 +8,11 @@ a worker does not demand the API host.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from typing import Literal, NoReturn
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -28,6 +30,24 @@ from phasegate.limits import (
 )
 
 ENV_PREFIX = "PHASEGATE_"
+
+
+# RDS Proxy's endpoints (default and custom, commercial and China regions): a named
+# statement that outlives its transaction pins the client connection to one server connection.
+_RDS_PROXY_HOST = re.compile(r"\.proxy-[a-z0-9]+\.[a-z0-9-]+\.rds\.amazonaws\.com(\.cn)?$")
+_PINS = ("PHASEGATE_DATABASE_POOLER={mode} keeps named statements, which pin every connection "
+         "to one server connection behind RDS Proxy, and {where} is an RDS Proxy endpoint: use "
+         "transaction there")
+
+
+def is_rds_proxy(dsn: str) -> bool:
+    """Whether ``dsn``'s host is an RDS Proxy endpoint (never echoes the DSN: it may hold a
+    password)."""
+    try:
+        host = urlsplit(dsn).hostname or ""
+    except ValueError:
+        return False
+    return bool(_RDS_PROXY_HOST.search(host.lower()))
 
 
 class SettingsError(Exception):
@@ -239,6 +259,14 @@ class Settings(BaseSettings):
             raise ValueError("must start with postgresql:// or postgres://")
         return value
 
+    @field_validator("database_pooler")
+    @classmethod
+    def _pooler_fits_the_host(cls, value: str, info: ValidationInfo) -> str:
+        database_url = info.data.get("database_url")
+        if value != "transaction" and database_url and is_rds_proxy(database_url):
+            raise ValueError(_PINS.format(mode=value, where="PHASEGATE_DATABASE_URL"))
+        return value
+
     @field_validator("queue_url", "dlq_url", "sqs_endpoint_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -257,6 +285,10 @@ class Settings(BaseSettings):
             if default and database_url and default != database_url:
                 raise ValueError("its default store differs from PHASEGATE_DATABASE_URL; "
                                  "set one of them, or both to the same DSN")
+            pooler = info.data.get("database_pooler", "transaction")
+            if pooler != "transaction" and any(
+                    is_rds_proxy(dsn) for dsn in parse_stores(value).values()):
+                raise ValueError(_PINS.format(mode=pooler, where="a store"))
         return value or None
 
     @field_validator("schedules")

@@ -1,5 +1,5 @@
 """``python -m bench.chaos --seed N --workflows N [--workers N] [--long] [--branching N]
-[--pgbouncer] [--keyed N] [--waits N] [--continuation on|off]``: one chaos run.
+[--pgbouncer] [--keyed N] [--waits N] [--continuation on|off] [--pooler MODE]``: one chaos run.
 
 Exit status 0 when every invariant held, 1 otherwise (the report names the failing invariant,
 the seed and the full fault schedule, which the same command line reproduces).
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.chaos.config import ChaosConfig
 from bench.chaos.runner import run_chaos
+from phasegate.db import POOLERS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continuation", choices=("on", "off"), default="on",
                         help="local continuation in the fleet (on, the default, as in "
                              "production; off: every hop through SQS, no mid_chain kill)")
+    parser.add_argument("--pooler", choices=POOLERS, default="transaction",
+                        help="the fleet's PHASEGATE_DATABASE_POOLER (pgbouncer: statements "
+                             "named by their text; with --pgbouncer, through PgBouncer)")
     args = parser.parse_args(argv)
     report = run_chaos(ChaosConfig(seed=args.seed, workflows=args.workflows,
                                    workers=args.workers, long=args.long,
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                                    pgbouncer=args.pgbouncer,
                                    branching_every=args.branching,
                                    keyed_every=args.keyed, wait_every=args.waits,
-                                   continuation=args.continuation == "on"))
+                                   continuation=args.continuation == "on",
+                                   pooler=args.pooler))
     print(report.text(), flush=True)
     return 0 if report.ok else 1
 

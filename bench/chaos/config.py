@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from phasegate.db import Pooler
+
 
 @dataclass
 class ChaosConfig:
@@ -27,3 +29,5 @@ class ChaosConfig:
     wait_every: int = 0
     # Local continuation in the fleet (PHASEGATE_CONTINUATION; on by default, as in production).
     continuation: bool = True
+    # The fleet's PHASEGATE_DATABASE_POOLER ("pgbouncer": statements named by their text).
+    pooler: Pooler = "transaction"

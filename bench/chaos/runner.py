@@ -87,7 +87,9 @@ class Report:
                          else "")
                       + (f" --waits {self.config.wait_every}" if self.config.wait_every else "")
                       + (" --pgbouncer" if self.config.pgbouncer else "")
-                      + ("" if self.config.continuation else " --continuation off"),
+                      + ("" if self.config.continuation else " --continuation off")
+                      + ("" if self.config.pooler == "transaction"
+                         else f" --pooler {self.config.pooler}"),
                       "fault schedule:",
                       self.schedule_text]
         return "\n".join(lines)
@@ -212,7 +214,8 @@ class ChaosRun:
                 "PHASEGATE_METRICS_PORT": "0", "PHASEGATE_METRICS_HOST": "127.0.0.1",
                 "PHASEGATE_STARTUP_TIMEOUT_S": "60", "PHASEGATE_LOG_FORMAT": "json",
                 "PHASEGATE_DB_POOL_MAX": "4", DOWNSTREAM_ENV: downstream.url,
-                "PHASEGATE_CONTINUATION": "true" if self.config.continuation else "false"}
+                "PHASEGATE_CONTINUATION": "true" if self.config.continuation else "false",
+                "PHASEGATE_DATABASE_POOLER": self.config.pooler}
 
     # -- driving the run ------------------------------------------------------------------------
 

@@ -362,6 +362,8 @@ def test_worker_memory_limit_leaves_room_for_an_emergency_flush(scenario, render
 
 @pytest.mark.parametrize("override", [
     {"autoscaling": {"mode": "hpa", "maxReplicas": 1000}},  # a pooler is declared (default)
+    # PgBouncer with statements named by their text: a pooler too, so no budget check.
+    {"database": {"pooler": "pgbouncer"}, "autoscaling": {"mode": "hpa", "maxReplicas": 1000}},
     {"database": {"pooler": "none"}, "autoscaling": {"mode": "hpa", "maxReplicas": 20}},
     {"database": {"pooler": "none", "connectionBudget": 0},  # 0: the check is off
      "autoscaling": {"mode": "hpa", "maxReplicas": 200}},

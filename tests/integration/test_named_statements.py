@@ -11,7 +11,9 @@ import asyncio
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
+from bench.pgbouncer import PgBouncer
 from phasegate import named_statements
 from phasegate.db import connect, create_pool
 from phasegate.named_statements import TextNamedStatementConnection, statement_name
@@ -21,6 +23,12 @@ pytestmark = pytest.mark.parametrize("db_route", ["direct", "pgbouncer"], indire
 
 CLIENTS = 24  # four times PgBouncer's server pool
 QUERY = "SELECT $1::int * 2"
+
+
+def _prepares(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("phasegate_db_statement_prepares_total",
+                                      {"outcome": outcome})
+    return value or 0.0
 
 
 def _connections(pool: asyncpg.Pool) -> list[TextNamedStatementConnection]:
@@ -139,3 +147,25 @@ async def test_a_statement_cache_of_zero_names_nothing(database_url: str, db_rou
         assert connection.described == 3
     finally:
         await connection.close()
+
+
+async def test_a_pooler_that_discards_everything_after_each_transaction_costs_a_round_trip(
+        pg_server_dsn: str, database_url: str, db_route: str):
+    """PgBouncer resetting each server connection after every transaction (``DISCARD ALL``,
+    even in transaction mode): every named call misses, and its Parse and Bind then share one
+    transaction, so every call still answers, named, with one miss each."""
+    if db_route == "pgbouncer":
+        pytest.skip("runs its own PgBouncer in front of the direct route's database")
+    with PgBouncer.in_front_of(pg_server_dsn, server_pool=2, extra={
+            "server_reset_query": "DISCARD ALL", "server_reset_query_always": "1"}) as bouncer:
+        connection = await connect(bouncer.route(database_url), pooler="pgbouncer")
+        before = _prepares("missed")
+        try:
+            for i in range(6):
+                assert await connection.fetchval(QUERY, i) == i * 2
+            assert connection.missed == 6
+            assert _prepares("missed") - before == 6  # what an operator sees
+            assert connection.already_there == 0
+            assert connection.unnamed_after_misses == 0
+        finally:
+            await connection.close()

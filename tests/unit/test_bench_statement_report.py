@@ -24,11 +24,24 @@ def test_the_schema_comparisons_keep_their_labels():
     assert "| hop | 0.500 | 1.000 | 0.500 | 1.000 | 1 |" in _paired(rounds, "v28")
 
 
-def test_a_cache_report_renders_both_modes_and_the_ratios():
+def test_a_cache_report_renders_every_mode_and_each_named_mode_over_the_default():
     rounds = {"hop, pooler transaction": [figures(400, 200)],
+              "hop, pooler pgbouncer": [figures(320, 160)],
               "hop, pooler none": [figures(300, 150)]}
     report = {"cache_rounds": rounds,
               "cache": {label: v[0] for label, v in rounds.items()}}
     text = markdown(report)
     assert "| hop, pooler transaction | 400 | 50 | 200 |" in text
+    assert "pooler pgbouncer ÷ pooler transaction" in text
+    assert "| hop | 0.800 | 1.000 | 0.800 | 1.000 | 1 |" in text
+    assert "pooler none ÷ pooler transaction" in text
     assert "| hop | 0.750 | 1.000 | 0.750 | 1.000 | 1 |" in text
+
+
+def test_a_cache_report_of_an_earlier_run_renders_the_modes_it_has():
+    rounds = {"hop, pooler transaction": [figures(400, 200)],
+              "hop, pooler none": [figures(300, 150)]}
+    text = markdown({"cache_rounds": rounds,
+                     "cache": {label: v[0] for label, v in rounds.items()}})
+    assert "pooler none ÷ pooler transaction" in text
+    assert "pgbouncer" not in text

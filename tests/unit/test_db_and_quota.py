@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from phasegate.db import statement_cache_size
@@ -11,7 +13,7 @@ from phasegate.limits import (
     SQS_FIFO_MESSAGES_PER_S_BATCHED,
     fifo_quota,
 )
-from phasegate.settings import SettingsError, load_settings
+from phasegate.settings import SettingsError, is_rds_proxy, load_settings
 
 
 def test_behind_a_pooler_no_statement_is_cached_whatever_the_cache_setting():
@@ -50,3 +52,33 @@ def test_fifo_quota_follows_the_high_throughput_attributes():
     assert high.mode == "high_throughput"
     assert high.calls_per_s_per_action == SQS_FIFO_HT_CALLS_PER_S_MAX
     assert high.calls_per_s_per_group == 300
+
+
+PROXY = "postgresql://phasegate:s3cret@fleet.proxy-c0ffee12.eu-west-1.rds.amazonaws.com/pg"
+
+
+@pytest.mark.parametrize("mode", ["pgbouncer", "none"])
+def test_named_statements_are_refused_behind_rds_proxy_naming_the_setting(monkeypatch, mode):
+    monkeypatch.delenv("PHASEGATE_DATABASE_POOLER", raising=False)
+    with pytest.raises(SettingsError) as error:
+        load_settings(database_url=PROXY, database_pooler=mode)
+    assert error.value.variable == "PHASEGATE_DATABASE_POOLER"
+    assert "RDS Proxy" in error.value.problem and "use transaction" in error.value.problem
+    assert "s3cret" not in str(error.value)  # the DSN (and its password) is never echoed
+    # A store behind the proxy counts as much as the main database.
+    with pytest.raises(SettingsError) as error:
+        load_settings(database_url="postgresql://u@db.internal/pg", database_pooler=mode,
+                      stores=json.dumps({"default": "postgresql://u@db.internal/pg",
+                                         "eu": PROXY}))
+    assert error.value.variable == "PHASEGATE_STORES"
+    assert "s3cret" not in str(error.value)
+
+
+def test_the_default_and_other_hosts_are_not_refused():
+    assert load_settings(database_url=PROXY).database_pooler == "transaction"
+    for host in ("mydb.c0ffee12.eu-west-1.rds.amazonaws.com", "pgbouncer.internal", "10.0.0.5"):
+        assert load_settings(database_url=f"postgresql://u@{host}/pg",
+                             database_pooler="pgbouncer").database_pooler == "pgbouncer"
+    assert is_rds_proxy("postgresql://u@e1.endpoint.proxy-c0ffee12.cn-north-1"
+                        ".rds.amazonaws.com.cn/pg")
+    assert not is_rds_proxy("not a url at all")
