@@ -158,9 +158,11 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
                 return await super()._do_execute(
                     query, executor, timeout, retry, ignore_custom_codec=ignore_custom_codec,
                     record_class=record_class)
-            except exceptions.InvalidSQLStatementNameError:
+            except exceptions.InvalidSQLStatementNameError as exc:
                 kept = self._named.get(key)
-                if kept is None or self.is_in_transaction():
+                # Only our statement's own miss: a query's own EXECUTE of a missing statement
+                # fails as it would anywhere.
+                if kept is None or self.is_in_transaction() or kept[0].name not in str(exc):
                     raise
                 await self._prepare_here(kept[0], timeout)
             except exceptions.InvalidCachedStatementError:

@@ -169,3 +169,15 @@ async def test_a_pooler_that_discards_everything_after_each_transaction_costs_a_
             assert connection.unnamed_after_misses == 0
         finally:
             await connection.close()
+
+
+async def test_a_querys_own_missing_statement_fails_as_anywhere(database_url: str,
+                                                                db_route: str):
+    connection = await connect(database_url, pooler="pgbouncer")
+    try:
+        with pytest.raises(asyncpg.InvalidSQLStatementNameError):
+            await connection.fetch("EXECUTE no_such_statement")
+        assert connection.missed == 0
+        assert await connection.fetchval(QUERY, 1) == 2
+    finally:
+        await connection.close()
