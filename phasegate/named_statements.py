@@ -51,8 +51,9 @@ NAME_HASH_CHARS = 32
 # Misses in one call before it goes out unnamed. A miss whose Parse succeeds is followed by a
 # Bind on the same server connection, which then finds the statement; only a Parse that finds
 # the name present (and a Bind that then lands on a server connection without it, after the
-# Sync) makes a second round, so the bound is for a pooler whose server connections keep
-# changing, never reached in a steady one.
+# Sync) makes another round. While the server connections are learning a name, a round fails
+# with probability (share lacking it) x (share holding it) <= 1/4, so at most 1 call in 256
+# goes out unnamed then; once every server connection holds it, none.
 MISSES_PER_CALL = 4
 
 _Key = tuple[object, ...]

@@ -52,7 +52,6 @@ async def test_every_call_answers_and_the_server_connections_learn_each_name_onc
         # Direct, each client connection is its own server connection: one Parse of each
         # name each. Through the pooler, 24 clients share 6 server connections.
         assert missed >= 1
-        assert sum(c.unnamed_after_misses for c in connections) == 0
 
         async def a_round_without_a_miss() -> bool:
             before = sum(c.missed for c in _connections(pool))

@@ -99,8 +99,10 @@ async def test_a_worker_with_named_statements_through_the_pooler(
         await wait_for(lambda: all_done(database_url, ids), what="runs done")
         assert worker.store is not None
         connections = [h._con for h in worker.store.pool._holders if h._con is not None]
+        # Each server connection learnt the statements from a miss. (While they are learning,
+        # a call may bounce between one that lacks a name and one that has it and go out
+        # unnamed after MISSES_PER_CALL rounds: rare, and not an error, so not asserted.)
         assert sum(c.missed for c in connections) >= 1
-        assert sum(c.unnamed_after_misses for c in connections) == 0
     holder = await connect(pooled, pooler="pgbouncer")
     try:
         names = [r["name"] for r in await holder.fetch(
