@@ -51,9 +51,9 @@ NAME_HASH_CHARS = 32
 # Misses in one call before it goes out unnamed. A miss whose Parse succeeds is followed by a
 # Bind on the same server connection, which then finds the statement; only a Parse that finds
 # the name present (and a Bind that then lands on a server connection without it, after the
-# Sync) makes another round. While the server connections are learning a name, a round fails
-# with probability (share lacking it) x (share holding it) <= 1/4, so at most 1 call in 256
-# goes out unnamed then; once every server connection holds it, none.
+# Sync) makes another round. That takes another client's transaction on the server connection
+# between the miss and the Parse, four times in a row: rare while the server connections learn
+# a name, and impossible once every one holds it.
 MISSES_PER_CALL = 4
 
 _Key = tuple[object, ...]
