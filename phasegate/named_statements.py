@@ -86,6 +86,11 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
         self.unnamed_after_misses = 0
 
     @property
+    def kept_names(self) -> frozenset[str]:
+        """The names of the statements this connection sends named now."""
+        return frozenset(statement.name for statement, _ in self._named.values())
+
+    @property
     def generation(self) -> int:
         """How many times DDL made this connection name its queries afresh."""
         return self._generation

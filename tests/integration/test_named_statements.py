@@ -3,6 +3,10 @@ phasegate/named_statements.py) against real Postgres, directly and through Debia
 1.18 in transaction mode (6 server connections, no ``max_prepared_statements``): every call
 answers, each server connection learns each statement once, and what cannot be named (a
 transaction, a statement the server dropped, a result type changed by DDL) still answers.
+
+Through the pooler, the tests with one client rely on PgBouncer handing that client the server
+connection it released last (its default, ``server_round_robin = 0``): the statement a test
+drops or outdates is on the server connection its next call reaches.
 """
 
 from __future__ import annotations
