@@ -35,15 +35,13 @@ server connection there (docs/how-to/poolers.md).
 from __future__ import annotations
 
 import hashlib
-import time
-from collections import OrderedDict
 from typing import Any
 
 from asyncpg import exceptions
 from asyncpg.protocol.protocol import PreparedStatementState
 
 from phasegate import metrics, unnamed_statements
-from phasegate.unnamed_statements import UnnamedStatementConnection
+from phasegate.unnamed_statements import KeptStatements, Key, UnnamedStatementConnection
 
 # A name PostgreSQL keeps whole (NAMEDATALEN 64) and no other client would choose.
 NAME_PREFIX = "phasegate_"
@@ -56,7 +54,6 @@ NAME_HASH_CHARS = 32
 # a name, and impossible once every one holds it.
 MISSES_PER_CALL = 4
 
-_Key = tuple[object, ...]
 _MISSED = metrics.STATEMENT_PREPARES.labels(outcome="missed")
 _ALREADY_THERE = metrics.STATEMENT_PREPARES.labels(outcome="already_there")
 _UNNAMED = metrics.STATEMENT_PREPARES.labels(outcome="unnamed")
@@ -78,7 +75,7 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._named: OrderedDict[_Key, tuple[Any, float]] = OrderedDict()
+        self._named = KeptStatements(unnamed_statements.DESCRIPTIONS_KEPT)
         self._generation = 0
         self._naming_off = False
         self.missed = 0
@@ -88,7 +85,7 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
     @property
     def kept_names(self) -> frozenset[str]:
         """The names of the statements this connection sends named now."""
-        return frozenset(statement.name for statement, _ in self._named.values())
+        return frozenset(statement.name for statement in self._named.statements())
 
     @property
     def generation(self) -> int:
@@ -97,12 +94,11 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
 
     def keep_descriptions(self, size: int) -> None:
         super().keep_descriptions(size)
-        while len(self._named) > self._descriptions_size:
-            self._named.popitem(last=False)
+        self._named.resize(size)
 
     def _names(self, named: str | bool | None, use_cache: bool) -> bool:
         return (not named and use_cache and not self._naming_off and not self._stmt_cache_enabled
-                and self._descriptions_size > 0 and not self.is_in_transaction())
+                and self._named.size > 0 and not self.is_in_transaction())
 
     # asyncpg's own signatures (a timeout argument among them), overridden as they are.
     async def _get_statement(self, query: str, timeout: float | None, *,  # noqa: ASYNC109
@@ -116,20 +112,13 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
         key = self._description_key(query, record_class, ignore_custom_codec)
         kept = self._named.get(key)
         if kept is not None:
-            statement, until = kept
-            if time.monotonic() < until:
-                self._named.move_to_end(key)
-                return statement
-            del self._named[key]
+            return kept
         statement = await self._describe_named(query, timeout, key)
-        self._named[key] = (statement,
-                            time.monotonic() + unnamed_statements.DESCRIPTION_LIFETIME_S)
-        if len(self._named) > self._descriptions_size:
-            self._named.popitem(last=False)
+        self._named.put(key, statement)
         return statement
 
     async def _describe_named(self, query: str, timeout: float | None,  # noqa: ASYNC109
-                              key: _Key) -> Any:
+                              key: Key) -> Any:
         """A named statement's state, described through the unnamed statement: a Parse of the
         name here could find it present on this server connection (another client's) and
         fail, and the description is all the client needs. Its first Bind then misses or
@@ -168,9 +157,9 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
                 kept = self._named.get(key)
                 # Only our statement's own miss: a query's own EXECUTE of a missing statement
                 # fails as it would anywhere.
-                if kept is None or self.is_in_transaction() or kept[0].name not in str(exc):
+                if kept is None or self.is_in_transaction() or kept.name not in str(exc):
                     raise
-                await self._prepare_here(kept[0], timeout)
+                await self._prepare_here(kept, timeout)
             except exceptions.InvalidCachedStatementError:
                 # A server connection holds the name with the result type it had before DDL
                 # (refused at Bind, before anything ran): every query is named afresh, so each
@@ -180,11 +169,11 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
                 self._generation += 1
                 self._named.clear()
             except BaseException:
-                self._named.pop(key, None)
+                self._named.pop(key)
                 raise
         self.unnamed_after_misses += 1
         _UNNAMED.inc()
-        self._named.pop(key, None)
+        self._named.pop(key)
         return await self._unnamed(query, executor, timeout, retry, ignore_custom_codec,
                                    record_class)
 

@@ -34,6 +34,49 @@ DESCRIPTIONS_KEPT = 100
 DESCRIPTION_LIFETIME_S = 300.0
 
 
+Key = tuple[object, ...]
+
+
+class KeptStatements:
+    """A connection's statements kept by query: at most ``size`` (the least recently used
+    dropped first; 0: none), each for ``DESCRIPTION_LIFETIME_S`` after it was kept."""
+
+    def __init__(self, size: int) -> None:
+        self._kept: OrderedDict[Key, tuple[Any, float]] = OrderedDict()
+        self.size = size
+
+    def get(self, key: Key) -> Any:
+        """The statement kept for ``key`` and still within its lifetime, else None."""
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        statement, until = kept
+        if time.monotonic() < until:
+            self._kept.move_to_end(key)
+            return statement
+        del self._kept[key]
+        return None
+
+    def put(self, key: Key, statement: Any) -> None:
+        if self.size:
+            self._kept[key] = (statement, time.monotonic() + DESCRIPTION_LIFETIME_S)
+            self.resize(self.size)
+
+    def resize(self, size: int) -> None:
+        self.size = max(size, 0)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+    def pop(self, key: Key) -> None:
+        self._kept.pop(key, None)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+    def statements(self) -> list[Any]:
+        return [statement for statement, _ in self._kept.values()]
+
+
 class UnnamedStatementConnection(asyncpg.Connection):  # type: ignore[misc]
     """An asyncpg connection that keeps the descriptions of its unnamed statements.
 
@@ -42,18 +85,15 @@ class UnnamedStatementConnection(asyncpg.Connection):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._descriptions: OrderedDict[tuple[object, ...], tuple[Any, float]] = OrderedDict()
-        self._descriptions_size = DESCRIPTIONS_KEPT
+        self._descriptions = KeptStatements(DESCRIPTIONS_KEPT)
         self.described = 0
 
     def keep_descriptions(self, size: int) -> None:
         """At most ``size`` queries' descriptions (least recently used dropped); 0: none."""
-        self._descriptions_size = max(size, 0)
-        while len(self._descriptions) > self._descriptions_size:
-            self._descriptions.popitem(last=False)
+        self._descriptions.resize(size)
 
     def _description_key(self, query: str, record_class: Any,
-                         ignore_custom_codec: bool) -> tuple[object, ...]:
+                         ignore_custom_codec: bool) -> Key:
         if record_class is None:
             record_class = self._protocol.get_record_class()
         return (query, record_class, ignore_custom_codec)
@@ -70,11 +110,7 @@ class UnnamedStatementConnection(asyncpg.Connection):  # type: ignore[misc]
         key = self._description_key(query, record_class, ignore_custom_codec)
         kept = self._descriptions.get(key)
         if kept is not None:
-            statement, until = kept
-            if time.monotonic() < until:
-                self._descriptions.move_to_end(key)
-                return statement
-            del self._descriptions[key]
+            return kept
         statement = await super()._get_statement(
             query, timeout, named=named, use_cache=use_cache,
             ignore_custom_codec=ignore_custom_codec, record_class=record_class)
@@ -82,10 +118,8 @@ class UnnamedStatementConnection(asyncpg.Connection):  # type: ignore[misc]
         # asyncpg marks an unnamed statement unprepared when its cache is off, so every
         # execution sends its Parse in the same write as Bind and Execute; a statement
         # that is still marked prepared (its Parse would be gone by the next call) is not kept.
-        if not statement.name and not statement.prepared and self._descriptions_size:
-            self._descriptions[key] = (statement, time.monotonic() + DESCRIPTION_LIFETIME_S)
-            if len(self._descriptions) > self._descriptions_size:
-                self._descriptions.popitem(last=False)
+        if not statement.name and not statement.prepared:
+            self._descriptions.put(key, statement)
         return statement
 
     async def _do_execute(self, query: str, executor: Any,
@@ -101,7 +135,7 @@ class UnnamedStatementConnection(asyncpg.Connection):  # type: ignore[misc]
             # description), the next call describes the query afresh: one round trip more
             # after an error, never a stale description kept.
             self._descriptions.pop(
-                self._description_key(query, record_class, ignore_custom_codec), None)
+                self._description_key(query, record_class, ignore_custom_codec))
             raise
 
     def _drop_local_statement_cache(self) -> None:
