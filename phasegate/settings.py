@@ -114,9 +114,9 @@ class Settings(BaseSettings):
     database_pooler: Literal["transaction", "pgbouncer", "none"] = Field(
         default="transaction",
         description="transaction: safe behind PgBouncer transaction mode / RDS Proxy (no "
-        "named prepared statements); pgbouncer: PgBouncer in transaction mode only, each "
-        "query named by its text and prepared once per server connection; none: a direct "
-        "connection, statement cache on.",
+        "named prepared statements); pgbouncer: behind PgBouncer in transaction mode or "
+        "direct, never RDS Proxy, each query named by its text and prepared once per server "
+        "connection; none: a direct connection, asyncpg's statement cache on.",
     )
     db_statement_cache_size: int = Field(
         default=100,
