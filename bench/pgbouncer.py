@@ -11,6 +11,12 @@ from one transaction to the next shows up as an error.
 
 If the binary is missing and we are root, ``apt-get install pgbouncer`` (Debian bookworm ships
 1.18, which has no ``max_prepared_statements``: named prepared statements fail through it).
+
+``root``: a directory holding a Debian root file system with a newer PgBouncer
+(``scripts/pgbouncer-current.sh`` builds one with Debian trixie's 1.24, whose
+``max_prepared_statements`` is on by default); PgBouncer then runs there under ``chroot``, its
+config and log in the root's ``/tmp``. ``PHASEGATE_PGBOUNCER_ROOT`` names one for every
+PgBouncer a test or bench starts without a ``root`` of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from phasegate.orchestrator.embedded import free_port
 BINARY_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 SERVER_POOL = 6
 START_TIMEOUT_S = 20.0
+ROOT_ENV = "PHASEGATE_PGBOUNCER_ROOT"
 
 
 class PgBouncerError(RuntimeError):
@@ -57,6 +64,16 @@ def find_pgbouncer(install: bool = True) -> str:
     if done.returncode != 0:
         raise PgBouncerError(f"apt-get install pgbouncer failed: {done.stderr.strip()[-300:]}")
     return find_pgbouncer(install=False)
+
+
+def current_root() -> str:
+    """The root file system holding the current PgBouncer (``scripts/pgbouncer-current.sh``),
+    built on first use."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "pgbouncer-current.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise PgBouncerError(f"scripts/pgbouncer-current.sh failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 def config_text(*, listen_port: int, upstream_host: str, upstream_port: int, workdir: str,
@@ -100,12 +117,15 @@ class PgBouncer:
     """A running PgBouncer (transaction mode) in front of ``upstream_host:upstream_port``."""
 
     def __init__(self, upstream_port: int, *, upstream_host: str = "127.0.0.1",
-                 server_pool: int = SERVER_POOL, extra: dict[str, str] | None = None) -> None:
+                 server_pool: int = SERVER_POOL, extra: dict[str, str] | None = None,
+                 root: str | None = None) -> None:
+        self.root = root if root is not None else (os.environ.get(ROOT_ENV) or None)
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
         self.server_pool = server_pool
         self.extra = extra or {}
         self.port = free_port()
+        self._version: str | None = None
         self._workdir: str | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -120,21 +140,53 @@ class PgBouncer:
         user = f"{parts.username}@" if parts.username else ""
         return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
 
+    def _command(self) -> list[str]:
+        """How to run PgBouncer: the host's binary, or the root's under chroot."""
+        if self.root is None:
+            return [find_pgbouncer()]
+        if os.geteuid() != 0 or not os.access(Path(self.root) / "usr/sbin/pgbouncer", os.X_OK):
+            raise PgBouncerError(f"{ROOT_ENV}={self.root}: needs root and a root file system "
+                                 "with /usr/sbin/pgbouncer (scripts/pgbouncer-current.sh)")
+        return ["chroot", self.root, "/usr/sbin/pgbouncer"]
+
+    def version(self) -> str:
+        """``PgBouncer 1.24.1``: the first line of ``pgbouncer --version``."""
+        if self._version is None:
+            done = subprocess.run([*self._command(), "--version"], capture_output=True,
+                                  text=True, check=True)
+            self._version = done.stdout.splitlines()[0].strip()
+        return self._version
+
+    @property
+    def tracks_prepared_statements(self) -> bool:
+        """Whether this PgBouncer keeps track of each client's named statements itself
+        (``max_prepared_statements`` above 0: 1.21 and later, and on by default since 1.24)."""
+        numbers = tuple(int(n) for n in self.version().split()[1].split(".")[:2])
+        if numbers < (1, 21):
+            return False
+        default = "200" if numbers >= (1, 24) else "0"
+        return int(self.extra.get("max_prepared_statements", default)) > 0
+
     def start(self) -> PgBouncer:
-        binary = find_pgbouncer()
-        self._workdir = tempfile.mkdtemp(prefix="phasegate-pgbouncer-")
+        command = self._command()
+        host_tmp = Path(self.root) / "tmp" if self.root is not None else None
+        self._workdir = tempfile.mkdtemp(prefix="phasegate-pgbouncer-", dir=host_tmp)
         workdir = Path(self._workdir)
+        # The paths PgBouncer itself sees: under chroot, relative to its root.
+        seen = "/" + str(workdir.relative_to(self.root)) if self.root else self._workdir
         (workdir / "userlist.txt").write_text('"postgres" ""\n')
         config = workdir / "pgbouncer.ini"
         config.write_text(config_text(listen_port=self.port, upstream_host=self.upstream_host,
-                                      upstream_port=self.upstream_port, workdir=self._workdir,
+                                      upstream_port=self.upstream_port, workdir=seen,
                                       server_pool=self.server_pool, extra=self.extra))
-        argv = [binary, str(config)]
+        argv = [*command, f"{seen}/pgbouncer.ini"]
         if os.geteuid() == 0:
-            user = pwd.getpwnam("postgres")
+            # Refuses to run as root; the root file system has its own postgres user.
+            passwd = Path(self.root or "/") / "etc/passwd"
+            uid, gid = _user_ids(passwd, "postgres")
             for path in (workdir, *workdir.iterdir()):
-                os.chown(path, user.pw_uid, user.pw_gid)
-            argv = [binary, "-u", "postgres", str(config)]
+                os.chown(path, uid, gid)
+            argv = [*command, "-u", "postgres", f"{seen}/pgbouncer.ini"]
         self._process = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, cwd="/")
         self._wait_listening()
@@ -185,3 +237,15 @@ class PgBouncer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _user_ids(passwd: Path, name: str) -> tuple[int, int]:
+    """A user's uid and gid from a passwd file (the host's, or a chroot's own)."""
+    if passwd == Path("/etc/passwd"):
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    for line in passwd.read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == name:
+            return int(fields[2]), int(fields[3])
+    raise PgBouncerError(f"no {name} user in {passwd}")

@@ -1,6 +1,6 @@
 """What statement handling costs, direct and through PgBouncer (transaction mode).
 
-    python -m bench.poolers --transitions 4000 --concurrency 8 --rounds 3
+    python -m bench.poolers --transitions 4000 --concurrency 8 --rounds 3 [--current]
 
 An in-process worker (the real transition, ``InMemoryFifoQueue`` as the queue, so Postgres is
 the only server) runs ``--transitions`` no-op transitions of 1 KB state per mode; modes
@@ -12,9 +12,11 @@ alternate each round on a fresh database, figures are medians. Modes:
 - ``pgbouncer/named`` — the same PgBouncer, statements named by their text
   (PHASEGATE_DATABASE_POOLER=pgbouncer, phasegate/named_statements.py);
 - ``direct/named`` — that mode on a direct connection;
-- ``pgbouncer/cache`` — the cache through PgBouncer: expected to fail (named statements do not
-  survive a transaction pooler; PgBouncer ≥ 1.21's ``max_prepared_statements`` would be the fix,
-  Debian bookworm ships 1.18).
+- ``pgbouncer/cache`` — the cache through PgBouncer 1.18: expected to fail (named statements
+  do not survive a transaction pooler that does not track them);
+- with ``--current``, ``current/nocache``, ``current/named`` and ``current/cache``: the same
+  three through a current PgBouncer (1.24, ``max_prepared_statements`` at its default 200,
+  scripts/pgbouncer-current.sh), which tracks each client's named statements itself.
 
 Also per transition: commits and WAL bytes (pg_stat_database, pg_current_wal_lsn deltas of the
 run's database and server), the inputs of the capacity model (bench/capacity.py).
@@ -31,7 +33,7 @@ import time
 from typing import Any
 
 from bench.common import Databases, machine
-from bench.pgbouncer import PgBouncer
+from bench.pgbouncer import PgBouncer, current_root
 from bench.workload import noop_workflow, seed_runs, stopping_worker
 from phasegate.db import Pooler, create_pool
 from phasegate.orchestrator.embedded import local_aws_env
@@ -42,6 +44,8 @@ from phasegate.worker.fake_queue import InMemoryFifoQueue
 MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
                                          ("direct", "pgbouncer"), ("pgbouncer", "transaction"),
                                          ("pgbouncer", "pgbouncer"), ("pgbouncer", "none"))
+CURRENT_MODES: tuple[tuple[str, Pooler], ...] = (("current", "transaction"),
+                                                 ("current", "pgbouncer"), ("current", "none"))
 PHASES = 10
 FAIL_AFTER_S = 60.0
 
@@ -95,16 +99,23 @@ async def _server_counters(admin: Any) -> dict[str, int]:
     return {"commits": int(row["commits"]), "wal": int(row["wal"])}
 
 
-async def bench(*, transitions: int, concurrency: int, rounds: int) -> dict[str, Any]:
+async def bench(*, transitions: int, concurrency: int, rounds: int,
+                current: bool = False) -> dict[str, Any]:
     databases = await Databases().start()
-    bouncer = PgBouncer.in_front_of(databases.server_dsn).start()
-    runs: dict[str, list[dict[str, Any]]] = {mode_name(r, p): [] for r, p in MODES}
+    bouncers = {"pgbouncer": PgBouncer.in_front_of(databases.server_dsn).start()}
+    modes = MODES
+    if current:
+        bouncers["current"] = PgBouncer.in_front_of(databases.server_dsn,
+                                                    root=current_root()).start()
+        modes = MODES + CURRENT_MODES
+    versions = {route: bouncer.version() for route, bouncer in bouncers.items()}
+    runs: dict[str, list[dict[str, Any]]] = {mode_name(r, p): [] for r, p in modes}
     try:
         for round_ in range(rounds):
-            order = MODES if round_ % 2 == 0 else tuple(reversed(MODES))
+            order = modes if round_ % 2 == 0 else tuple(reversed(modes))
             for route, pooler in order:
                 direct = await databases.fresh()
-                dsn = bouncer.route(direct) if route == "pgbouncer" else direct
+                dsn = bouncers[route].route(direct) if route in bouncers else direct
                 try:
                     result = await one_run(dsn, direct, pooler=pooler,
                                            transitions=transitions, concurrency=concurrency)
@@ -115,7 +126,8 @@ async def bench(*, transitions: int, concurrency: int, rounds: int) -> dict[str,
                 runs[mode_name(route, pooler)].append(result)
                 print(mode_name(route, pooler), json.dumps(result), flush=True)
     finally:
-        bouncer.stop()
+        for bouncer in bouncers.values():
+            bouncer.stop()
         await databases.stop()
     summary: dict[str, Any] = {}
     for name, results in runs.items():
@@ -132,7 +144,7 @@ async def bench(*, transitions: int, concurrency: int, rounds: int) -> dict[str,
         if base and figures.get("ok"):
             figures["ratio_to_direct_cache"] = round(figures["transitions_per_s"] / base, 2)
     return {"machine": machine(), "transitions": transitions, "concurrency": concurrency,
-            "rounds": rounds, "modes": summary}
+            "rounds": rounds, "pgbouncers": versions, "modes": summary}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transitions", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--current", action="store_true",
+                        help="also through a current PgBouncer (1.24, tracking named "
+                             "statements; scripts/pgbouncer-current.sh)")
     args = parser.parse_args(argv)
     import logging
     import os
@@ -150,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({k: v for k, v in local_aws_env().items() if k not in os.environ})
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     result = asyncio.run(bench(transitions=args.transitions, concurrency=args.concurrency,
-                               rounds=args.rounds))
-    print(json.dumps(result["modes"], indent=2))
+                               rounds=args.rounds, current=args.current))
+    print(json.dumps({"pgbouncers": result["pgbouncers"], "modes": result["modes"]}, indent=2))
     return 0
 
 

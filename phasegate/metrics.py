@@ -28,9 +28,10 @@ GROUP_COMMIT_FALLBACKS = Counter(
     ["statement"])
 STATEMENT_PREPARES = Counter(
     "phasegate_db_statement_prepares_total",
-    "Statements named by their text (PHASEGATE_DATABASE_POOLER=pgbouncer): a Parse sent to a "
-    "server connection that lacked the name (missed), one that found it there already "
-    "(already_there), a call sent unnamed after too many misses (unnamed).",
+    "Statements named by their text (PHASEGATE_DATABASE_POOLER=pgbouncer): a name's first Parse "
+    "on a client connection (first), a Parse sent to a server connection that lacked the name "
+    "(missed), a Parse that found it there already (already_there), a call sent unnamed after "
+    "too many misses (unnamed).",
     ["outcome"])
 MESSAGES = Counter(
     "phasegate_messages_total", "Received messages by what became of them.", ["outcome"])

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from bench.pgbouncer import PgBouncer
+from bench.pgbouncer import PgBouncer, current_root
 from phasegate.migrate import migrate
 from phasegate.orchestrator.embedded import EmbeddedPostgres, EmbeddedSqs, local_aws_env
 from phasegate.settings import Settings
@@ -122,6 +122,8 @@ def throwaway_database(server_dsn: str, prefix: str, template: str | None = None
 # everything else runs direct, to keep the suite's time.
 # "pgbouncer-named": the same PgBouncer with PHASEGATE_DATABASE_POOLER=pgbouncer (statements
 # named by their text, phasegate/named_statements.py) for the pools and workers of the test.
+# "pgbouncer-current" (not in ROUTES: modules that want it name it): a current PgBouncer (1.24),
+# which tracks each client's named statements itself (``pgbouncer_current``).
 ROUTES = ("direct", "pgbouncer", "pgbouncer-named")
 POOLED_MODULES = frozenset({
     "tests.integration.test_engine_e2e",
@@ -151,6 +153,16 @@ def pgbouncer(pg_server_dsn: str) -> Iterator[PgBouncer]:
         yield bouncer
 
 
+@pytest.fixture(scope="session")
+def pgbouncer_current(pg_server_dsn: str) -> Iterator[PgBouncer]:
+    """A current PgBouncer (1.24, scripts/pgbouncer-current.sh, built on first use) as
+    ``pgbouncer`` runs it, with ``max_prepared_statements`` at its default (200): it tracks
+    each client's named statements itself."""
+    with PgBouncer.in_front_of(pg_server_dsn, root=current_root()) as bouncer:
+        assert bouncer.tracks_prepared_statements, bouncer.version()
+        yield bouncer
+
+
 @pytest.fixture
 def database_url(pg_server_dsn: str, template_db: str, db_route: str,
                  request: pytest.FixtureRequest) -> Iterator[str]:
@@ -158,7 +170,8 @@ def database_url(pg_server_dsn: str, template_db: str, db_route: str,
     ``db_route`` says (created and dropped directly either way)."""
     with throwaway_database(pg_server_dsn, "phasegate_t", template_db) as url:
         if db_route.startswith("pgbouncer"):
-            bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+            bouncer: PgBouncer = request.getfixturevalue(
+                "pgbouncer_current" if db_route == "pgbouncer-current" else "pgbouncer")
             routed = bouncer.route(url)
             if db_route == "pgbouncer-named":
                 NAMED_STATEMENT_URLS.add(routed)

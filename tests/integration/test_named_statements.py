@@ -1,8 +1,11 @@
 """Statements named by their text (``PHASEGATE_DATABASE_POOLER=pgbouncer``,
-phasegate/named_statements.py) against real Postgres, directly and through Debian's PgBouncer
-1.18 in transaction mode (6 server connections, no ``max_prepared_statements``): every call
-answers, each server connection learns each statement once, and what cannot be named (a
-transaction, a statement the server dropped, a result type changed by DDL) still answers.
+phasegate/named_statements.py) against real Postgres: directly, through Debian's PgBouncer 1.18
+in transaction mode (6 server connections, no ``max_prepared_statements``), and through a
+current PgBouncer (1.24, which tracks each client's named statements itself and closes a client
+that binds a name it never parsed, or parses one twice). Every call answers, each client
+connection parses each name once, each server connection learns each statement once, and what
+cannot be named (a transaction, a statement the server dropped, a result type changed by DDL)
+still answers.
 
 Through the pooler, the tests with one client rely on PgBouncer handing that client the server
 connection it released last (its default, ``server_round_robin = 0``): the statement a test
@@ -23,7 +26,8 @@ from phasegate.db import connect, create_pool
 from phasegate.named_statements import TextNamedStatementConnection, statement_name
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.parametrize("db_route", ["direct", "pgbouncer"], indirect=True)
+pytestmark = pytest.mark.parametrize("db_route", ["direct", "pgbouncer", "pgbouncer-current"],
+                                     indirect=True)
 
 CLIENTS = 24  # four times PgBouncer's server pool
 QUERY = "SELECT $1::int * 2"
@@ -52,10 +56,18 @@ async def test_every_call_answers_and_the_server_connections_learn_each_name_onc
 
         await asyncio.gather(*(client(i) for i in range(CLIENTS)))
         connections = _connections(pool)
-        missed = sum(c.missed for c in connections)
-        # Direct, each client connection is its own server connection: one Parse of each
-        # name each. Through the pooler, 24 clients share 6 server connections.
-        assert missed >= 1
+        # Each client connection parsed each name once, before its first Bind (a second
+        # Parse of a name would have closed it through PgBouncer 1.24): the test's two, and
+        # the pool's own set-up queries.
+        ours = {statement_name(QUERY), statement_name("SELECT $1::text AS a, $2::int[] AS b")}
+        for connection in connections:
+            assert connection.parsed_first == len(connection.parsed_names)
+        assert ours <= frozenset().union(*(c.parsed_names for c in connections))
+        # Direct, each client connection is its own server connection, which its own Parse
+        # taught; PgBouncer 1.24 prepares each server connection itself. Through 1.18, 24
+        # clients share 6 server connections, which learn the names from misses.
+        if db_route != "pgbouncer":
+            assert sum(c.missed for c in connections) == 0
 
         async def a_round_without_a_miss() -> bool:
             before = sum(c.missed for c in _connections(pool))
@@ -65,15 +77,16 @@ async def test_every_call_answers_and_the_server_connections_learn_each_name_onc
         # Once every server connection holds both names, nothing is parsed again.
         await wait_for(a_round_without_a_miss, timeout=60, what="a round with no Parse")
         async with pool.acquire() as connection:
-            names = {r["name"] for r in await connection.fetch(
-                "SELECT name FROM pg_prepared_statements")}
-        assert statement_name(QUERY) in names
+            # By the query's text: PgBouncer 1.24 prepares it on the server under its own name.
+            statements = {r["statement"] for r in await connection.fetch(
+                "SELECT statement FROM pg_prepared_statements")}
+        assert QUERY in statements
     finally:
         await pool.close()
 
 
 async def test_a_query_in_a_transaction_stays_unnamed(database_url: str, db_route: str):
-    if db_route == "pgbouncer":
+    if db_route != "direct":
         pytest.skip("which server connection holds a name is the pooler's choice: direct only")
     connection = await connect(database_url, pooler="pgbouncer")
     try:
@@ -90,6 +103,9 @@ async def test_a_query_in_a_transaction_stays_unnamed(database_url: str, db_rout
 
 async def test_a_statement_the_server_dropped_is_prepared_again(database_url: str,
                                                                 db_route: str):
+    if db_route == "pgbouncer-current":
+        pytest.skip("PgBouncer 1.24 prepares its server connections itself (and takes a "
+                    "client's DEALLOCATE ALL as forgetting the client's own statements)")
     connection = await connect(database_url, pooler="pgbouncer")
     try:
         assert await connection.fetchval(QUERY, 1) == 2
@@ -125,13 +141,16 @@ async def test_a_result_type_changed_by_ddl_is_named_afresh(database_url: str, d
 
 async def test_a_name_the_server_never_keeps_goes_out_unnamed(
         database_url: str, db_route: str, monkeypatch: pytest.MonkeyPatch):
-    """Should a Parse never stick (every miss's Parse lost), a call gives up naming after
+    """Should a Parse never stick (every Parse lost on its way), a call gives up naming after
     MISSES_PER_CALL rounds and is sent as ``transaction`` sends it: it still answers."""
-    async def forgetful(self: TextNamedStatementConnection, statement: object,
-                        timeout: float | None) -> None:
-        self.missed += 1
+    if db_route == "pgbouncer-current":
+        pytest.skip("PgBouncer 1.24 closes a client whose Parse it never saw")
 
-    monkeypatch.setattr(TextNamedStatementConnection, "_prepare_here", forgetful)
+    async def lost(self: TextNamedStatementConnection, statement: object,
+                   timeout: float | None) -> None:
+        return None
+
+    monkeypatch.setattr(TextNamedStatementConnection, "_parse", lost)
     connection = await connect(database_url, pooler="pgbouncer")
     try:
         assert await connection.fetchval(QUERY, 5) == 10
@@ -146,7 +165,7 @@ async def test_a_statement_cache_of_zero_names_nothing(database_url: str, db_rou
     try:
         for i in range(3):
             assert await connection.fetchval(QUERY, i) == i * 2
-        assert connection.missed == 0
+        assert connection.missed == connection.parsed_first == 0
         assert connection.described == 3
     finally:
         await connection.close()
@@ -155,19 +174,23 @@ async def test_a_statement_cache_of_zero_names_nothing(database_url: str, db_rou
 async def test_a_pooler_that_discards_everything_after_each_transaction_costs_a_round_trip(
         pg_server_dsn: str, database_url: str, db_route: str):
     """PgBouncer resetting each server connection after every transaction (``DISCARD ALL``,
-    even in transaction mode): every named call misses, and its Parse and Bind then share one
-    transaction, so every call still answers, named, with one miss each."""
-    if db_route == "pgbouncer":
+    even in transaction mode) and not tracking named statements: every named call after the
+    first misses, and its Parse and Bind then share one transaction, so every call still
+    answers, named, with one miss each."""
+    if db_route != "direct":
         pytest.skip("runs its own PgBouncer in front of the direct route's database")
     with PgBouncer.in_front_of(pg_server_dsn, server_pool=2, extra={
             "server_reset_query": "DISCARD ALL", "server_reset_query_always": "1"}) as bouncer:
+        assert not bouncer.tracks_prepared_statements
         connection = await connect(bouncer.route(database_url), pooler="pgbouncer")
-        before = _prepares("missed")
+        before = _prepares("missed"), _prepares("first")
         try:
             for i in range(6):
                 assert await connection.fetchval(QUERY, i) == i * 2
-            assert connection.missed == 6
-            assert _prepares("missed") - before == 6  # what an operator sees
+            # The first call's Parse went before its Bind, in the same transaction.
+            assert (connection.parsed_first, connection.missed) == (1, 5)
+            # What an operator sees.
+            assert (_prepares("missed") - before[0], _prepares("first") - before[1]) == (5, 1)
             assert connection.already_there == 0
             assert connection.unnamed_after_misses == 0
         finally:
@@ -180,8 +203,8 @@ async def test_a_querys_own_missing_statement_fails_as_anywhere(database_url: st
     try:
         with pytest.raises(asyncpg.InvalidSQLStatementNameError, match="no_such_statement"):
             await connection.fetch("EXECUTE no_such_statement")
-        # At most its own first Parse (the name was new to the server), never the 4 rounds.
-        assert connection.missed <= 1
+        # Its own first Parse, then the EXECUTE's own error: never a miss of ours.
+        assert (connection.parsed_first, connection.missed) == (1, 0)
         assert connection.unnamed_after_misses == 0
         assert await connection.fetchval(QUERY, 1) == 2
     finally:

@@ -113,3 +113,62 @@ async def test_a_worker_with_named_statements_through_the_pooler(
         hot_path = {statement_name(text) for name, text in queries().items()
                     if name in HOT_PATH}
         assert kept & hot_path
+
+
+@pytest.mark.parametrize("pooler", ["transaction", "pgbouncer", "none"])
+async def test_a_worker_through_a_current_pgbouncer(
+        pooler: str, pgbouncer_current: PgBouncer, database_url: str, queue_pair, sqs_endpoint):
+    """A current PgBouncer (1.24, 6 server connections, ``max_prepared_statements`` at its
+    default 200: it tracks each client's named statements, prepares them on its server
+    connections itself, and closes a client that binds a name it never parsed or parses one
+    twice). Every pooler mode completes every run through it; the text-named one parses each
+    name once per client connection and never misses."""
+    pooled = pgbouncer_current.route(database_url)
+    workflows.LEDGER_DSN = pooled
+    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler=pooler)
+    async with store_for(pooled) as store, queue_for(settings) as queue:
+        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
+                                     input={"n": i})).workflow_id for i in range(12)]
+    async with running_worker(settings, Registry([workflows.chain])) as worker:
+        await wait_for(lambda: all_done(database_url, ids), what="runs done")
+        if pooler == "pgbouncer":
+            assert worker.store is not None
+            connections = [h._con for h in worker.store.pool._holders if h._con is not None]
+            for connection in connections:
+                assert connection.parsed_first == len(connection.parsed_names)
+                assert connection.missed == connection.unnamed_after_misses == 0
+            hot_path = {statement_name(text) for name, text in queries().items()
+                        if name in HOT_PATH}
+            assert hot_path & frozenset().union(*(c.kept_names for c in connections))
+
+
+async def test_after_ddl_a_current_pgbouncer_serves_asyncpgs_cache_the_old_plan(
+        pgbouncer_current: PgBouncer, database_url: str):
+    """Why ``none`` stays direct-only even where PgBouncer tracks named statements: PgBouncer
+    keys the server's statements by their text, so once DDL changes a query's result type,
+    asyncpg's statement prepared again under a new name reaches the old plan, and every call
+    fails until PgBouncer recycles its server connections (a migration during a rolling
+    deploy changes functions' results). The text-named mode puts its new generation in the
+    text, and answers. (One client: PgBouncer hands it the server connection it released last,
+    the one that prepared the old plan.)"""
+    pooled = pgbouncer_current.route(database_url)
+    old = "CREATE FUNCTION answer() RETURNS integer LANGUAGE sql AS 'SELECT 42'"
+    new = "CREATE FUNCTION answer() RETURNS text LANGUAGE sql AS 'SELECT ''forty-two'''"
+    outcomes = {}
+    for pooler in ("none", "pgbouncer"):
+        connection = await connect(pooled, pooler=pooler)
+        try:
+            await connection.execute(f"DROP FUNCTION IF EXISTS answer(); {old}")
+            for _ in range(3):
+                assert await connection.fetchval("SELECT answer()") == 42
+            await connection.execute(f"DROP FUNCTION answer(); {new}")
+            answers = []
+            for _ in range(2):
+                try:
+                    answers.append(await connection.fetchval("SELECT answer()"))
+                except asyncpg.InvalidCachedStatementError:
+                    answers.append("refused")
+            outcomes[pooler] = answers
+        finally:
+            await connection.close()
+    assert outcomes == {"none": ["refused", "refused"], "pgbouncer": ["forty-two", "forty-two"]}
