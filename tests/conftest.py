@@ -122,9 +122,10 @@ def throwaway_database(server_dsn: str, prefix: str, template: str | None = None
 # everything else runs direct, to keep the suite's time.
 # "pgbouncer-named": the same PgBouncer with PHASEGATE_DATABASE_POOLER=pgbouncer (statements
 # named by their text, phasegate/named_statements.py) for the pools and workers of the test.
-# "pgbouncer-current" (not in ROUTES: modules that want it name it): a current PgBouncer (1.24),
-# which tracks each client's named statements itself (``pgbouncer_current``).
-ROUTES = ("direct", "pgbouncer", "pgbouncer-named")
+# "pgbouncer-current": that mode through a current PgBouncer (1.24, ``pgbouncer_current``), which
+# tracks each client's named statements itself (and closes a client that binds a name it never
+# parsed). The unnamed default mode sends nothing such a PgBouncer treats differently.
+ROUTES = ("direct", "pgbouncer", "pgbouncer-named", "pgbouncer-current")
 POOLED_MODULES = frozenset({
     "tests.integration.test_engine_e2e",
     "tests.integration.test_crashes",
@@ -173,7 +174,7 @@ def database_url(pg_server_dsn: str, template_db: str, db_route: str,
             bouncer: PgBouncer = request.getfixturevalue(
                 "pgbouncer_current" if db_route == "pgbouncer-current" else "pgbouncer")
             routed = bouncer.route(url)
-            if db_route == "pgbouncer-named":
+            if db_route in ("pgbouncer-named", "pgbouncer-current"):
                 NAMED_STATEMENT_URLS.add(routed)
             try:
                 yield routed
