@@ -18,8 +18,12 @@ alternate each round on a fresh database, figures are medians. Modes:
   three through a current PgBouncer (1.24, ``max_prepared_statements`` at its default 200,
   scripts/pgbouncer-current.sh), which tracks each client's named statements itself.
 
-Also per transition: commits and WAL bytes (pg_stat_database, pg_current_wal_lsn deltas of the
-run's database and server), the inputs of the capacity model (bench/capacity.py).
+Also per transition: commits and WAL bytes, the inputs of the capacity model
+(bench/capacity.py). Commits are the commit records in the run's WAL (``pg_walinspect``): each
+is a transaction that wrote and, with ``synchronous_commit`` on, one WAL flush; a read-only
+transaction writes none. (``pg_stat_database.xact_commit`` would count every transaction, but a
+backend reports it lazily, and the server connections PgBouncer keeps open may not report it
+before the run is read.) The private cluster's WAL moves only with the run's own writes.
 """
 
 from __future__ import annotations
@@ -68,12 +72,13 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
                             heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
                             worker_id="bench", db_pool_max=concurrency, database_pooler=pooler)
         worker = stopping_worker(settings, workflow, groups, queue=queue, dlq=dlq, store=store)
-        before = await _server_counters(admin)
+        await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        before = await _wal_position(admin)
         began = time.perf_counter()
         task = asyncio.create_task(worker.run())
         done, _ = await asyncio.wait({task}, timeout=FAIL_AFTER_S)
         wall = time.perf_counter() - began
-        after = await _server_counters(admin)
+        after = await _server_counters(admin, before)
         committed = await admin.fetchval("SELECT count(*) FROM checkpoints")
         if not done:
             worker.stop()
@@ -84,18 +89,24 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
         n = groups * PHASES
         return {"ok": committed == n, "transitions": n, "wall_s": round(wall, 3),
                 "transitions_per_s": round(n / wall, 1),
-                "commits_per_transition": round((after["commits"] - before["commits"]) / n, 2),
-                "wal_bytes_per_transition": round((after["wal"] - before["wal"]) / n)}
+                "commits_per_transition": round(after["commits"] / n, 3),
+                "wal_bytes_per_transition": round(after["wal"] / n)}
     finally:
         await pool.close()
         await admin.close()
 
 
-async def _server_counters(admin: Any) -> dict[str, int]:
+async def _wal_position(admin: Any) -> str:
+    return str(await admin.fetchval("SELECT pg_current_wal_lsn()::text"))
+
+
+async def _server_counters(admin: Any, since: str) -> dict[str, int]:
+    """Commit records and WAL bytes written since the WAL position ``since``."""
     row = await admin.fetchrow(
-        "SELECT xact_commit AS commits, pg_current_wal_lsn() - '0/0'::pg_lsn AS wal "
-        "FROM pg_stat_database WHERE datname = current_database()")
-    await admin.execute("SELECT pg_stat_clear_snapshot()")
+        "SELECT pg_current_wal_lsn() - $1::text::pg_lsn AS wal, coalesce((SELECT sum(count) "
+        "FROM pg_get_wal_stats($1::text::pg_lsn, pg_current_wal_lsn(), true) "
+        "WHERE \"resource_manager/record_type\" = 'Transaction/COMMIT'), 0) AS commits",
+        since)
     return {"commits": int(row["commits"]), "wal": int(row["wal"])}
 
 
