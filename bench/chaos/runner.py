@@ -138,6 +138,10 @@ class ChaosRun:
             await moto.ready()
             if bouncer is not None:
                 await asyncio.to_thread(bouncer.start)
+                self.say(f"through {bouncer.version()} in transaction mode "
+                         f"({'tracking' if bouncer.tracks_prepared_statements else 'not tracking'}"
+                         " named statements), pooler mode "
+                         f"{self.config.pooler}")
             sqs_proxy.upstream = moto.url
             await sqs_proxy.start()
             await pg_proxy.start()
