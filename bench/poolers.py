@@ -2,9 +2,11 @@
 
     python -m bench.poolers --transitions 4000 --concurrency 8 --rounds 3 [--current]
 
-An in-process worker (the real transition, ``InMemoryFifoQueue`` as the queue, so Postgres is
-the only server) runs ``--transitions`` no-op transitions of 1 KB state per mode; modes
-alternate each round on a fresh database, figures are medians. Modes:
+An in-process worker (the real transition and the store a worker makes from its settings, with
+group commit and group load at their default windows; ``InMemoryFifoQueue`` as the queue, so
+Postgres is the only server) runs ``--transitions`` no-op transitions of 1 KB state per mode;
+modes alternate each round on a fresh database, figures are medians. Until 2026-12-07 the
+store had neither (every commit its own statement), so older figures are of that store. Modes:
 
 - ``direct/cache`` — direct, asyncpg's statement cache on (PHASEGATE_DATABASE_POOLER=none);
 - ``direct/nocache`` — direct, no named statements (the default, transaction);
@@ -41,8 +43,8 @@ from bench.pgbouncer import PgBouncer, current_root
 from bench.workload import noop_workflow, seed_runs, stopping_worker
 from phasegate.db import Pooler, create_pool
 from phasegate.orchestrator.embedded import local_aws_env
+from phasegate.residency import RegionalStore
 from phasegate.settings import Settings
-from phasegate.store import Store
 from phasegate.worker.fake_queue import InMemoryFifoQueue
 
 MODES: tuple[tuple[str, Pooler], ...] = (("direct", "none"), ("direct", "transaction"),
@@ -64,13 +66,16 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
     groups = max(1, transitions // PHASES)
     pool = await create_pool(dsn, min_size=concurrency, max_size=concurrency, pooler=pooler)
     admin = await create_pool(admin_dsn, min_size=1, max_size=1, pooler="none")
-    store = Store(pool)
+    settings = Settings(concurrency=concurrency, wait_time_s=1, visibility_timeout_s=30,
+                        heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
+                        worker_id="bench", db_pool_max=concurrency, database_pooler=pooler)
+    # The store a worker makes from these settings: group commit and group load at their
+    # default windows, as deployed.
+    store = RegionalStore(pool, commit_window_s=settings.commit_batch_window_ms / 1000,
+                          load_window_s=settings.load_batch_window_ms / 1000)
     queue, dlq = InMemoryFifoQueue(), InMemoryFifoQueue()
     try:
         await seed_runs(store, queue, workflow, groups, "p")
-        settings = Settings(concurrency=concurrency, wait_time_s=1, visibility_timeout_s=30,
-                            heartbeat_s=10, metrics_port=0, metrics_host="127.0.0.1",
-                            worker_id="bench", db_pool_max=concurrency, database_pooler=pooler)
         worker = stopping_worker(settings, workflow, groups, queue=queue, dlq=dlq, store=store)
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         before = await _wal_position(admin)
