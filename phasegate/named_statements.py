@@ -158,8 +158,8 @@ class TextNamedStatementConnection(UnnamedStatementConnection):
                               key: Key) -> Any:
         """A named statement's state, described through the unnamed statement: a Parse of the
         name here could find it present on this server connection (another client's) and
-        fail, and the description is all the client needs. Its first Bind then misses or
-        finds it, as any later one."""
+        fail, and the description is all the client needs. The name's own first Parse on this
+        connection comes next (``_introduce``), right before its first Bind."""
         _, record_class, ignore_custom_codec = key
         text = statement_text(query, self._generation)
         statement = PreparedStatementState(statement_name(query, self._generation), text,
