@@ -21,18 +21,8 @@ as_postgres() { chroot "$root" su postgres -s /bin/sh -c "$1"; }
 
 case "$action" in
   start)
-    mkdir -p "$(dirname "$root")"
-    exec 9>"$root.lock"
-    flock 9
-    if [ ! -x "$root$bin/postgres" ]; then
-      command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-      rm -rf "$root.partial"
-      echo "== building a trixie root with postgresql-17 in $root (debootstrap, about 1 min)" >&2
-      debootstrap --variant=minbase --include=postgresql-17 trixie "$root.partial" \
-        http://deb.debian.org/debian > "$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
-      rm -rf "$root"
-      mv "$root.partial" "$root"
-    fi
+    source "$(dirname "$0")/trixie-root.sh"
+    trixie_root "$root" postgresql-17 "$bin/postgres"
     as_postgres "$bin/pg_ctl -D $data status" >/dev/null 2>&1 && as_postgres "$bin/pg_ctl -D $data stop -m fast" >/dev/null
     rm -rf "$root$data"
     as_postgres "$bin/initdb -D $data -A trust -U postgres" > "$root.initdb.log" 2>&1 \
