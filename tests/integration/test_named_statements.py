@@ -209,3 +209,23 @@ async def test_a_querys_own_missing_statement_fails_as_anywhere(database_url: st
         assert await connection.fetchval(QUERY, 1) == 2
     finally:
         await connection.close()
+
+
+async def test_past_the_names_a_connection_may_parse_a_query_goes_out_unnamed(
+        database_url: str, db_route: str, monkeypatch: pytest.MonkeyPatch):
+    """A connection parses at most PARSED_MAX names in its life (it never parses one twice, so
+    it never forgets one): a query past that answers, sent unnamed, and the names it has keep
+    going out named."""
+    connection = await connect(database_url, pooler="pgbouncer")
+    try:
+        assert await connection.fetchval(QUERY, 1) == 2
+        monkeypatch.setattr(named_statements, "PARSED_MAX", len(connection.parsed_names))
+        parsed = connection.parsed_names
+        assert await connection.fetchval("SELECT $1::int + 1", 1) == 2
+        assert statement_name("SELECT $1::int + 1") not in connection.parsed_names
+        assert connection.parsed_names == parsed
+        assert await connection.fetchval(QUERY, 2) == 4
+        assert statement_name(QUERY) in connection.kept_names
+        assert connection.unnamed_after_misses == 0
+    finally:
+        await connection.close()
