@@ -7,11 +7,17 @@ which budget binds first. tests/deploy/test_capacity_simulation.py drives a queu
 through the rendered chart's HPA and this model and asserts no budget is exceeded; the plan's
 table is in docs/reference/capacity.md.
 
-Per transition (one phase: receive, check, commit, send the successor, delete):
-- PostgreSQL: one read (load the run) and one write (the commit CTE), plus the "mark sent"
-  update; the server-connection time is measured through PgBouncer (``MEASURED``);
-- SQS: at most one call per action (ReceiveMessage, SendMessage, DeleteMessage; batching only
-  lowers these), ChangeMessageVisibility once per heartbeat per pod (one batch call);
+Per transition (one phase: run, commit, and for one phase in a chain the successor's send,
+its receive and its delete):
+- PostgreSQL: the costs ``python -m bench.capacity_costs`` measures through PgBouncer in the
+  plan's own shape (``MEASURED``; ``MEASURED_PLAIN`` without local continuation): the seconds
+  a server connection spends in a transaction, commits and WAL bytes, each worker's periodic
+  writes (presence, chain leases) included in the plan's proportion;
+- SQS: with local continuation (the default) one phase in ``phases_per_message`` goes through
+  SQS, so one ReceiveMessage, SendMessage and DeleteMessage per that many transitions at most
+  (batching only lowers them); without it, or for runs that use reviews, tiers or branches
+  (they always go through SQS), one each per transition. ChangeMessageVisibility once per
+  heartbeat per pod (one batch call);
 - the orchestrator: GetQueueAttributes every exporter interval per replica, the relay's
   outbox query every relay interval per replica; KEDA polls the queue on its own interval.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from phasegate.limits import (
     SQS_FIFO_CALLS_PER_S,
@@ -32,21 +38,26 @@ from phasegate.limits import (
 
 @dataclass(frozen=True)
 class Costs:
-    """Measured per-transition costs (``python -m bench.poolers --transitions 4000
-    --concurrency 8 --rounds 3`` on the 2-core build machine, pgbouncer/nocache mode)."""
+    """Per-transition costs of a saturated fleet with a backlog (``python -m
+    bench.capacity_costs --continuation on|off``: four workers through PgBouncer 1.18 in
+    transaction mode, the plan's times scaled by 0.1, the 2-core build machine; the largest of
+    three rounds, results
+    ``bench/results/capacity-costs-20261207T234456-s31-on.json``, ``...T234721-s31-off.json``)."""
 
-    # Server-connection seconds per transition: 6 server connections / 320 transitions/s
-    # through PgBouncer. An upper bound: the client shared the 2 cores with the server.
-    db_server_s: float = 6 / 320
-    # Transactions per transition seen by pg_stat_database (each read is its own).
-    commits: float = 2.0
-    # WAL per transition (1 KB state, checkpoint + run + outbox rows and their indexes): the
-    # largest of the runs (medians 6.8-9.6 KB), from the server-wide LSN delta, so an upper
-    # bound.
-    wal_bytes: float = 12_600
+    # Seconds a server connection spends in a transaction per transition (PgBouncer's
+    # total_xact_time): with Little's law, the server connections a fleet keeps busy.
+    db_server_s: float
+    # Commit records per transition (each a WAL flush), the workers' periodic writes included.
+    commits: float
+    # WAL bytes per transition (1 KB of state), the periodic writes included.
+    wal_bytes: float
 
 
-MEASURED = Costs()
+# With local continuation (the default): a continued phase is one commit.
+MEASURED = Costs(db_server_s=0.00343, commits=1.16, wal_bytes=1_992)
+# Without it (PHASEGATE_CONTINUATION=false): every phase is a check, a commit and its
+# successor's send.
+MEASURED_PLAIN = Costs(db_server_s=0.00378, commits=1.049, wal_bytes=1_963)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,22 @@ class Settings:
     relay_batch: int = 100
     keda_polling_s: float = 15.0  # autoscaling.keda.pollingInterval
     high_throughput_fifo: bool = True
+    continuation: bool = True  # PHASEGATE_CONTINUATION
+    continuation_max_hops: int = 16  # PHASEGATE_CONTINUATION_MAX_HOPS
+    continuation_max_s: float = 30.0  # PHASEGATE_CONTINUATION_MAX_S
+
+
+def phases_per_message(s: Settings) -> int:
+    """Phases one received message runs: itself, then continued hops until the chain's bound
+    (worker/continuation.py: a phase committed at k x phase_s continues while k <= max hops
+    and k x phase_s < max seconds)."""
+    if not s.continuation:
+        return 1
+    return min(s.continuation_max_hops + 1, max(1, math.ceil(s.continuation_max_s / s.phase_s)))
+
+
+def costs_for(s: Settings) -> Costs:
+    return MEASURED if s.continuation else MEASURED_PLAIN
 
 
 @dataclass(frozen=True)
@@ -101,29 +128,35 @@ class Load:
 
 
 def load(pods: int, transitions_per_s: float, settings: Settings = Settings(),
-         costs: Costs = MEASURED) -> Load:
+         costs: Costs | None = None) -> Load:
     """The loads of ``pods`` workers completing ``transitions_per_s`` transitions."""
     s = settings
+    c = costs or costs_for(s)
     t = transitions_per_s
+    per_message = phases_per_message(s)
+    messages = t / per_message  # phases that go through SQS
     idle_polls = pods / s.wait_time_s  # an idle worker's long poll returns empty every wait
     orchestrator_pool = max(2, s.pool_max)
+    # One message of a run is in flight at a time, for its chain's phases: receive,
+    # heartbeats, delete, send.
+    held_s = per_message * s.phase_s
     return Load(
         pods=pods, transitions_per_s=t,
         client_connections=pods * s.pool_max + s.orchestrator_replicas * orchestrator_pool,
-        server_connections=t * costs.db_server_s,  # Little's law on the server side
-        commits_per_s=t * costs.commits, wal_bytes_per_s=t * costs.wal_bytes,
-        receive_calls_per_s=t + idle_polls, send_calls_per_s=t, delete_calls_per_s=t,
+        server_connections=t * c.db_server_s,  # Little's law on the server side
+        commits_per_s=t * c.commits, wal_bytes_per_s=t * c.wal_bytes,
+        receive_calls_per_s=messages + idle_polls, send_calls_per_s=messages,
+        delete_calls_per_s=messages,
         visibility_calls_per_s=pods * math.ceil(s.concurrency / SQS_MAX_BATCH_ENTRIES)
         / s.heartbeat_s,
         attribute_calls_per_s=s.orchestrator_replicas / s.exporter_interval_s
         + 1 / s.keda_polling_s,
-        # One message of a run is in flight at a time: receive, heartbeats, delete, send.
-        calls_per_s_per_group=(3 + s.phase_s / s.heartbeat_s) / s.phase_s,
+        calls_per_s_per_group=(3 + held_s / s.heartbeat_s) / held_s,
         relay_queries_per_s=s.orchestrator_replicas / s.relay_interval_s,
         relay_capacity_per_s=s.orchestrator_replicas * s.relay_batch / s.relay_interval_s)
 
 
-def saturated(pods: int, settings: Settings = Settings(), costs: Costs = MEASURED) -> Load:
+def saturated(pods: int, settings: Settings = Settings(), costs: Costs | None = None) -> Load:
     """Every slot of every pod busy: ``pods x concurrency / phase_s`` transitions per second."""
     return load(pods, pods * settings.concurrency / settings.phase_s, settings, costs)
 
@@ -159,7 +192,7 @@ def exceeded(x: Load, budgets: Budgets) -> list[str]:
 PLAN_PODS = (1, 10, 50, 100, 250, 500, 1000)
 
 
-def plan_table(settings: Settings = Settings(), costs: Costs = MEASURED) -> str:
+def plan_table(settings: Settings = Settings(), costs: Costs | None = None) -> str:
     """The Markdown table of docs/reference/capacity.md."""
     budgets = budgets_for(settings)
     lines = ["| pods | transitions/s | client conns | server conns | commits/s | WAL MiB/s "
@@ -179,13 +212,18 @@ def plan_table(settings: Settings = Settings(), costs: Costs = MEASURED) -> str:
 
 def main() -> int:
     settings = Settings()
+    plain = replace(settings, continuation=False)
     print(f"settings: {asdict(settings)}")
-    print(f"measured costs: {asdict(MEASURED)}")
+    print(f"phases per SQS message: {phases_per_message(settings)}")
+    print(f"measured costs: {asdict(MEASURED)}; without continuation: {asdict(MEASURED_PLAIN)}")
     print(f"budgets: {asdict(budgets_for(settings))}\n")
     print(plan_table(settings))
-    standard = Settings(high_throughput_fifo=False)
-    print("\nthe same plan on a FIFO queue without high-throughput mode:\n")
-    print(plan_table(standard))
+    print("\nwithout local continuation (every phase through SQS):\n")
+    print(plan_table(plain))
+    print("\nwithout continuation, on a FIFO queue without high-throughput mode:\n")
+    print(plan_table(replace(plain, high_throughput_fifo=False)))
+    print("\nwith continuation, on a FIFO queue without high-throughput mode:\n")
+    print(plan_table(replace(settings, high_throughput_fifo=False)))
     return 0
 
 

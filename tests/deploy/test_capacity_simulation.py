@@ -1,8 +1,10 @@
 """The capacity plan, simulated: a queue-depth trace that takes the fleet from 0 to 1,000 pods
 and back, through the rendered chart's HPA (tests/deploy/hpa.py) and the model fleet
 (tests/deploy/fleet.py), with every second's load computed by bench/capacity.py from the
-measured per-transition costs. At the documented settings no quota or budget is exceeded;
-without high-throughput FIFO the same trace breaks the 300 calls/s quota."""
+measured per-transition costs. At the documented settings no quota or budget is exceeded.
+With local continuation (the default) one phase in six goes through SQS, so even a FIFO queue
+without high-throughput mode carries the trace; with continuation off the same trace breaks
+its 300 calls/s quota."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def settings_from(rendered) -> capacity.Settings:
     config = rendered.one("ConfigMap", "-config")["data"]
     orchestrator = rendered.one("Deployment", "-orchestrator")
     assert config["PHASEGATE_DATABASE_POOLER"] == "transaction"
+    # The chart leaves local continuation at the worker's default: on.
+    assert "PHASEGATE_CONTINUATION" not in config
     return capacity.Settings(
         concurrency=int(config["PHASEGATE_CONCURRENCY"]),
         pool_max=int(config["PHASEGATE_DB_POOL_MAX"]),
@@ -58,12 +62,15 @@ def trace(t: int) -> list[int]:
     return []
 
 
-def simulate(rendered, settings: capacity.Settings) -> tuple[Fleet, list[capacity.Load]]:
+Sample = tuple[int, float]  # pods, transitions/s
+
+
+def simulate(rendered, settings: capacity.Settings) -> tuple[Fleet, list[Sample]]:
     spec = HpaSpec.from_manifest(rendered.one("HorizontalPodAutoscaler"))
     assert spec.max_replicas == MAX_PODS
     fleet = Fleet(hpa=HorizontalPodAutoscaler(spec), concurrency=settings.concurrency,
                   shutdown_grace_s=20, redo_s=PHASE_S)
-    loads = []
+    samples = []
     completed = [0] * WINDOW_S
     for t in range(2400):
         fleet.run(1, trace, start=t)
@@ -71,34 +78,43 @@ def simulate(rendered, settings: capacity.Settings) -> tuple[Fleet, list[capacit
         # Transitions per second over the last few seconds: a fleet that woke at once
         # finishes its first phases in step; SQS and Postgres see a rate, not one instant.
         rate = (completed[-1] - completed[-1 - WINDOW_S]) / WINDOW_S
-        loads.append(capacity.load(len(fleet.pods), rate, settings))
-    return fleet, loads
+        samples.append((len(fleet.pods), rate))
+    return fleet, samples
+
+
+def loads(samples: list[Sample], settings: capacity.Settings) -> list[capacity.Load]:
+    """Every second's load of the simulated fleet, at ``settings``."""
+    return [capacity.load(pods, rate, settings) for pods, rate in samples]
 
 
 @pytest.fixture(scope="module")
 def simulated(at_scale):
     settings = settings_from(at_scale)
-    return settings, *simulate(at_scale, settings)
+    fleet, samples = simulate(at_scale, settings)
+    return settings, fleet, samples
 
 
-def test_zero_to_a_thousand_pods_stays_within_every_budget(simulated):
-    settings, fleet, loads = simulated
+@pytest.mark.parametrize("continuation", [True, False], ids=["continuation", "plain"])
+def test_zero_to_a_thousand_pods_stays_within_every_budget(simulated, continuation):
+    settings, fleet, samples = simulated
+    settings = replace(settings, continuation=continuation)
     budgets = capacity.budgets_for(settings)
-    peak = {field: max(getattr(x, field) for x in loads) for field in (
+    every = loads(samples, settings)
+    peak = {field: max(getattr(x, field) for x in every) for field in (
         "pods", "transitions_per_s", "client_connections", "server_connections",
         "commits_per_s", "wal_bytes_per_s", "receive_calls_per_s", "calls_per_s_per_group")}
     print(f"\ncapacity simulation peaks: {peak}")
     assert peak["pods"] == MAX_PODS, "the trace really reaches the fleet bound"
     assert peak["transitions_per_s"] >= PEAK_RATE * 0.95
-    for second, x in enumerate(loads):
+    for second, x in enumerate(every):
         assert capacity.exceeded(x, budgets) == [], f"t={second}s: {x}"
     assert fleet.completed == fleet.arrived, "every message was worked off"
     assert fleet.history[-1].replicas == 0, "and the fleet scaled back to zero"
 
 
 def test_the_plan_table_matches_the_model_at_its_own_settings(simulated):
-    settings, _fleet, loads = simulated
-    steady = max(loads, key=lambda x: x.transitions_per_s)
+    settings, _fleet, samples = simulated
+    steady = max(loads(samples, settings), key=lambda x: x.transitions_per_s)
     planned = capacity.saturated(MAX_PODS, settings)
     assert planned.client_connections == MAX_PODS * settings.pool_max + 2 * 4
     # The simulated peak is the plan's saturated fleet, within the HPA's tolerance.
@@ -106,17 +122,30 @@ def test_the_plan_table_matches_the_model_at_its_own_settings(simulated):
     assert capacity.exceeded(planned, capacity.budgets_for(settings)) == []
 
 
-def test_without_high_throughput_fifo_the_same_trace_breaks_the_sqs_quota(simulated):
-    settings, _fleet, loads = simulated
-    standard = capacity.budgets_for(replace(settings, high_throughput_fifo=False))
-    over = [capacity.exceeded(x, standard) for x in loads]
+def test_without_continuation_or_high_throughput_fifo_the_trace_breaks_the_sqs_quota(
+        simulated):
+    settings, _fleet, samples = simulated
+    plain = replace(settings, continuation=False, high_throughput_fifo=False)
+    standard = capacity.budgets_for(plain)
+    every = loads(samples, plain)
+    over = [capacity.exceeded(x, standard) for x in every]
     assert any("SQS ReceiveMessage/s" in " ".join(o) for o in over)
-    first = next(x for x, o in zip(loads, over, strict=True) if o)
+    first = next(x for x, o in zip(every, over, strict=True) if o)
     assert first.transitions_per_s > 250  # ≈ where 300 calls/s per action runs out
 
 
+def test_with_continuation_a_standard_fifo_queue_carries_the_trace(simulated):
+    settings, _fleet, samples = simulated
+    assert capacity.phases_per_message(settings) == 6  # chains of 30 s over phases of 5 s
+    standard = replace(settings, high_throughput_fifo=False)
+    every = loads(samples, standard)
+    for second, x in enumerate(every):
+        assert capacity.exceeded(x, capacity.budgets_for(standard)) == [], f"t={second}s: {x}"
+    assert max(x.receive_calls_per_s for x in every) < 300
+
+
 def test_without_a_pooler_the_fleet_is_far_past_any_connection_budget(simulated):
-    _settings, _fleet, loads = simulated
-    peak_clients = max(x.client_connections for x in loads)
+    settings, _fleet, samples = simulated
+    peak_clients = max(x.client_connections for x in loads(samples, settings))
     # Without a pooler every client connection is a server connection.
     assert peak_clients > 5 * capacity.Budgets().server_connections * 10
