@@ -25,8 +25,14 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 echo "== chart README (readme-generator-for-helm) is current"
 .venv/bin/python scripts/chart_readme.py --check
 echo "== pytest"
+# Two test processes (pytest-xdist), each file whole in one of them (its module fixtures built
+# once): most tests wait on workers, servers and visibility timeouts, so two share the two
+# cores. Each process has its own moto server and PgBouncers, and every test its own database
+# and queues. PHASEGATE_TEST_PROCESSES=0 runs everything in this process; an -n in the
+# arguments overrides it.
 # Exit status 5 (no tests collected) fails this script like any other failure.
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PHASEGATE_TEST_PROCESSES:-2}" \
+  --dist loadfile "$@"
 if [ $# -eq 0 ]; then
   echo "== the image, built and run as the chart's pod specs run it"
   bash scripts/image-test.sh
