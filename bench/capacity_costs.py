@@ -1,13 +1,15 @@
 """What a transition costs a saturated fleet, measured in the capacity plan's shape.
 
-    python -m bench.capacity_costs [--pods 4] [--scale 0.1] [--window-s 40]
-                                   [--continuation on|off] [--route pgbouncer|current]
+    python -m bench.capacity_costs [--pods 4] [--scale 0.1] [--window-s 40] [--rounds 3]
+                                   [--continuation on|off] [--backlog 2]
+                                   [--route pgbouncer|current]
 
 The capacity model (bench/capacity.py) multiplies a fleet's transitions per second by what one
 transition costs Postgres, the pooler and SQS. This measures those costs the way the plan runs:
 ``--pods`` workers (``Worker``, each with its own pool of ``PHASEGATE_DB_POOL_MAX`` connections
 through PgBouncer in transaction mode, the store and group commit it builds from its settings)
-with every slot busy on phases that take a while, and as many runs again waiting in the queue.
+with every slot busy on phases that take a while, and as many runs again waiting in the queue
+(``--backlog``: runs per slot).
 The plan's times (phases of 5 s, heartbeat 10 s, presence every 15 s, chains of at most 30 s)
 are multiplied by ``--scale`` so a run takes a minute instead of ten; every per-pod periodic
 write then comes as often per transition as in the plan. The workers share one in-process FIFO
@@ -45,7 +47,7 @@ import structlog
 
 from bench.common import Databases, machine, write_results
 from bench.pgbouncer import PgBouncer, current_root
-from bench.poolers import _server_counters, _wal_position
+from bench.poolers import wal_commits_since, wal_position
 from bench.workload import PAYLOAD
 from phasegate import Context, Registry, Workflow
 from phasegate.db import create_pool
@@ -66,7 +68,6 @@ PLAN_CONCURRENCY = 4
 PLAN_POOL_MAX = 4
 # Long enough that no run ends inside a window: every transition is a mid-run one.
 PHASES = 2000
-BACKLOG = 2  # runs per slot
 
 
 @dataclass
@@ -149,13 +150,13 @@ async def seed(dsn: str, queue: InMemoryFifoQueue, workflow: Workflow, runs: int
 
 async def snapshot(admin: Any, bouncer: PgBouncer, database: str,
                    queue: CountingQueue) -> dict[str, Any]:
-    return {"at": time.monotonic(), "wal": await _wal_position(admin),
+    return {"at": time.monotonic(), "wal": await wal_position(admin),
             "checkpoints": int(await admin.fetchval("SELECT count(*) FROM checkpoints")),
             "pgbouncer": pgbouncer_stats(bouncer, database), "sqs": dict(queue.by_action)}
 
 
 async def one_run(databases: Databases, bouncer: PgBouncer, *, pods: int, scale: float,
-                  window_s: float, continuation: bool) -> dict[str, Any]:
+                  window_s: float, continuation: bool, backlog: int) -> dict[str, Any]:
     direct = await databases.fresh()
     database = direct.rsplit("/", 1)[1]
     routed = bouncer.route(direct)
@@ -168,17 +169,17 @@ async def one_run(databases: Databases, bouncer: PgBouncer, *, pods: int, scale:
     tasks: list[asyncio.Task[None]] = []
     try:
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        # Twice as many runs as slots: a backlog, as when the queue's depth scales the
-        # fleet. A freed slot then takes the oldest waiting message, nearly always another
-        # run's than the one it just sent, and loads that run as a fleet's worker does.
-        await seed(direct, queue, workflow, BACKLOG * pods * PLAN_CONCURRENCY)
+        # More runs than slots: a backlog, as when the queue's depth scales the fleet. A
+        # freed slot then takes the oldest waiting message, nearly always another run's than
+        # the one it just sent, and loads that run as a fleet's worker does.
+        await seed(direct, queue, workflow, backlog * pods * PLAN_CONCURRENCY)
         tasks = [asyncio.create_task(w.run()) for w in workers]
         # Two chains' time: every slot busy, chains handed off at their bound at least once.
         await asyncio.sleep(2 * PLAN_CHAIN_S * scale)
         before = await snapshot(admin, bouncer, database, queue)
         await asyncio.sleep(window_s)
         after = await snapshot(admin, bouncer, database, queue)
-        server = await _server_counters(admin, before["wal"])
+        server = await wal_commits_since(admin, before["wal"])
         for task in tasks:
             if task.done():  # a worker that stopped early would make the figures a lie
                 task.result()
@@ -213,7 +214,7 @@ def largest(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def bench(*, pods: int, scale: float, window_s: float, continuation: bool,
-                route: str, rounds: int) -> dict[str, Any]:
+                route: str, rounds: int, backlog: int) -> dict[str, Any]:
     databases = await Databases(private=True).start()
     bouncer = PgBouncer.in_front_of(databases.server_dsn,
                                     root=current_root() if route == "current" else None,
@@ -223,12 +224,14 @@ async def bench(*, pods: int, scale: float, window_s: float, continuation: bool,
         runs = []
         for round_ in range(rounds):
             result = await one_run(databases, bouncer, pods=pods, scale=scale,
-                                   window_s=window_s, continuation=continuation)
+                                   window_s=window_s, continuation=continuation,
+                                   backlog=backlog)
             print(f"round {round_ + 1}: {json.dumps(result)}", flush=True)
             runs.append(result)
         return {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
                 "pgbouncer": bouncer.version(), "pods": pods,
                 "scale": scale, "window_s": window_s, "continuation": continuation,
+                "backlog": backlog,
                 "plan": {"phase_s": PLAN_PHASE_S, "heartbeat_s": PLAN_HEARTBEAT_S,
                          "presence_s": PLAN_PRESENCE_S, "chain_s": PLAN_CHAIN_S,
                          "concurrency": PLAN_CONCURRENCY, "pool_max": PLAN_POOL_MAX},
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=40.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--continuation", choices=("on", "off"), default="on")
+    parser.add_argument("--backlog", type=int, default=2,
+                        help="runs per slot (1: no backlog, every run always in a slot)")
     parser.add_argument("--route", choices=("pgbouncer", "current"), default="pgbouncer",
                         help="PgBouncer 1.18 (Debian 12) or a current one (1.24)")
     parser.add_argument("--label", default="")
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     report = asyncio.run(bench(pods=args.pods, scale=args.scale, window_s=args.window_s,
                                continuation=args.continuation == "on", route=args.route,
-                               rounds=args.rounds))
+                               rounds=args.rounds, backlog=args.backlog))
     print(f"largest: {json.dumps(report['largest'])}")
     path = write_results("capacity-costs", report, args.label)
     print(f"results: {path}")

@@ -78,12 +78,12 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
         await seed_runs(store, queue, workflow, groups, "p")
         worker = stopping_worker(settings, workflow, groups, queue=queue, dlq=dlq, store=store)
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        before = await _wal_position(admin)
+        before = await wal_position(admin)
         began = time.perf_counter()
         task = asyncio.create_task(worker.run())
         done, _ = await asyncio.wait({task}, timeout=FAIL_AFTER_S)
         wall = time.perf_counter() - began
-        after = await _server_counters(admin, before)
+        after = await wal_commits_since(admin, before)
         committed = await admin.fetchval("SELECT count(*) FROM checkpoints")
         if not done:
             worker.stop()
@@ -101,11 +101,11 @@ async def one_run(dsn: str, admin_dsn: str, *, pooler: Pooler, transitions: int,
         await admin.close()
 
 
-async def _wal_position(admin: Any) -> str:
+async def wal_position(admin: Any) -> str:
     return str(await admin.fetchval("SELECT pg_current_wal_lsn()::text"))
 
 
-async def _server_counters(admin: Any, since: str) -> dict[str, int]:
+async def wal_commits_since(admin: Any, since: str) -> dict[str, int]:
     """Commit records and WAL bytes written since the WAL position ``since``."""
     row = await admin.fetchrow(
         "SELECT pg_current_wal_lsn() - $1::text::pg_lsn AS wal, coalesce((SELECT sum(count) "
