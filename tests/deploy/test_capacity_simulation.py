@@ -9,6 +9,7 @@ its 300 calls/s quota."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,13 @@ def test_without_a_pooler_the_fleet_is_far_past_any_connection_budget(simulated)
     peak_clients = max(x.client_connections for x in loads(samples, settings))
     # Without a pooler every client connection is a server connection.
     assert peak_clients > 5 * capacity.Budgets().server_connections * 10
+
+
+def test_the_capacity_page_shows_the_model_s_plans():
+    """docs/reference/capacity.md's two plan tables are what ``python -m bench.capacity``
+    prints at the documented settings, with continuation and without."""
+    page = (Path(__file__).resolve().parents[2] / "docs/reference/capacity.md").read_text()
+    settings = capacity.Settings()
+    for plan in (capacity.plan_table(settings),
+                 capacity.plan_table(replace(settings, continuation=False))):
+        assert plan in page
