@@ -119,7 +119,7 @@ def pgbouncer_stats(bouncer: PgBouncer, database: str) -> dict[str, int]:
         values = dict(zip(names, row.split("|"), strict=True))
         if values["database"] == database:
             return {k: int(v) for k, v in values.items() if k.startswith("total_")}
-    return {}
+    raise RuntimeError(f"PgBouncer's SHOW STATS has no row for {database}: nothing routed?")
 
 
 def worker_settings(dsn: str, index: int, *, scale: float, continuation: bool) -> Settings:
