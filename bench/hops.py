@@ -16,12 +16,19 @@ through structlog's processor chain and as the worker writes them (``lean_logger
 rendered by structlog's stock pipeline (``TimeStamper(fmt="iso", utc=True)``,
 ``JSONRenderer()``, ``PrintLoggerFactory``), as phasegate configured it before its own
 timestamp, renderer and writer (phasegate/logs.py): the same lines, the same process.
+
+The values built on every phase (a run's position, a commit) are timed as ``@record``s
+(phasegate/records.py) and as frozen dataclasses of the same fields, and the keys bound per
+message as the worker binds them (``logs.bound_contextvars``) and by structlog's
+``bound_contextvars``, with as many other context variables as a worker holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import dataclasses
 import os
 import sys
 import time
@@ -33,8 +40,9 @@ import structlog
 from bench.workload import PAYLOAD
 from phasegate import tracing
 from phasegate.envelope import canonical_json, phase_message, successor_message
-from phasegate.logs import configure_logging, lean_logger
+from phasegate.logs import bound_contextvars, configure_logging, lean_logger
 from phasegate.storable import check_storable
+from phasegate.store import PhaseCommit, RunPosition
 from phasegate.worker.guards import call_phase, storable
 
 # An agent run's state: 250 messages of 400 characters (118 KB of JSON).
@@ -121,8 +129,56 @@ def main() -> None:
 
         figures[f"{name}: full walk, then encoded"] = per_call_us(walk_then_encode, calls)
     figures.update(asyncio.run(_phase_limits(n)))
+    figures.update(_records_and_scope(n))
     for name, value in figures.items():
         print(f"{name}: {value:.2f} us")
+
+
+POSITION = {"workflow_id": "w-0123456789", "workflow": "bench-noop-400", "status": "running",
+            "next_seq": 8, "base_seq": 0, "current_phase": "p8", "schema_version": 1,
+            "input_json": "{}", "attempts": 0, "epoch": 0, "state_json": '{"a":1}',
+            "state_hash": "0" * 64, "state_version": 1, "progress_json": None,
+            "classification": "internal", "region": None, "signal_json": None}
+COMMIT = {"workflow_id": "w-0123456789", "branch": "main", "seq": 7, "phase": "p7",
+          "schema_version": 1, "state_json": '{"a":1}', "state_hash": "0" * 64,
+          "next_phase": "p8", "status": "running", "worker_id": "worker-1", "successor": None}
+
+
+def _frozen_twin(cls: type) -> Any:
+    """A frozen dataclass with ``cls``'s fields and defaults: what a record was before."""
+    return dataclasses.make_dataclass(f"Frozen{cls.__name__}", [
+        (f.name, f.type, dataclasses.field(default=f.default))
+        if f.default is not dataclasses.MISSING else (f.name, f.type)
+        for f in dataclasses.fields(cls)], frozen=True)
+
+
+def _records_and_scope(n: int) -> dict[str, float]:
+    figures = {}
+    for cls, values in ((RunPosition, POSITION), (PhaseCommit, COMMIT)):
+        twin = _frozen_twin(cls)
+        figures[f"{cls.__name__} built, @record"] = per_call_us(lambda c=cls, v=values: c(**v), n)
+        figures[f"{cls.__name__} built, frozen dataclass"] = per_call_us(
+            lambda c=twin, v=values: c(**v), n)
+    # A worker's context holds asyncio's, OpenTelemetry's and structlog's variables, which
+    # structlog's bound_contextvars reads one by one on entry.
+    others: list[contextvars.ContextVar[int]] = [
+        contextvars.ContextVar(f"bench_other_{i}") for i in range(8)]
+    for var in others:
+        var.set(1)
+    keys = {"workflow_id": "w-0123456789", "seq": 7, "branch": "main",
+            "workflow": "bench-noop-400"}
+
+    def ours() -> None:
+        with bound_contextvars(**keys):
+            pass
+
+    def structlogs() -> None:
+        with structlog.contextvars.bound_contextvars(**keys):
+            pass
+
+    figures["message keys bound, the worker's"] = per_call_us(ours, n)
+    figures["message keys bound, structlog's bound_contextvars"] = per_call_us(structlogs, n)
+    return figures
 
 
 async def _phase_limits(n: int) -> dict[str, float]:

@@ -62,6 +62,7 @@ from phasegate.envelope import (
     Envelope,
     canonical_json,
 )
+from phasegate.records import record
 from phasegate.sql import queries
 from phasegate.store import OutboxRow, PhaseCommit, RunPosition, position_fields
 from phasegate.waits import MAX_WAIT_S
@@ -114,7 +115,7 @@ class ForkPlan:
         return [name for name, _ in self.branches]
 
 
-@dataclass(frozen=True)
+@record
 class ForkScope:
     """Where a phase runs, for ``ctx.fork``: its branch's own merge phase and depth."""
 
@@ -151,7 +152,7 @@ class BranchResult:
         return self.error.split(":", 1)[0].split(" ", 1)[0]
 
 
-@dataclass(frozen=True)
+@record
 class BranchPosition(RunPosition):
     """A branch's RunPosition plus the fork it belongs to."""
 

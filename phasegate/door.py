@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from phasegate import staleness
+from phasegate.records import record
 from phasegate.sql import queries
 from phasegate.versions import Corrupt, NeedsRestart, load_verified
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from phasegate.workflow import Workflow
 
 
-@dataclass(frozen=True)
+@record
 class Door:
     """How the phase at this seq runs."""
 

@@ -173,6 +173,25 @@ def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
 
 
+class bound_contextvars:
+    """``structlog.contextvars.bound_contextvars`` for the keys a worker binds per message:
+    the keys bound on entry, each put back on exit as it was (by the tokens of the set), where
+    structlog's reads every context variable of the process on entry to save what it
+    replaces and sets each key twice on exit."""
+
+    __slots__ = ("_kw", "_tokens")
+
+    def __init__(self, **kw: Any) -> None:
+        self._kw = kw
+        self._tokens: Any = None
+
+    def __enter__(self) -> None:
+        self._tokens = structlog.contextvars.bind_contextvars(**self._kw)
+
+    def __exit__(self, *exc: object) -> None:
+        structlog.contextvars.reset_contextvars(**self._tokens)
+
+
 def lean_logger(logger: Any) -> Any:
     """``logger`` bound once (the configuration in force now, as structlog's ``bind()``), for a
     line written on every phase (the phase line, the checkpoint's audit line).

@@ -23,9 +23,10 @@ from phasegate.limits import (
     SQS_MAX_RECEIVE_BATCH,
     SQS_MAX_VISIBILITY_TIMEOUT_SECONDS,
 )
+from phasegate.records import record
 
 
-@dataclass(frozen=True)
+@record
 class Received:
     message_id: str
     receipt_handle: str
@@ -34,7 +35,7 @@ class Received:
     receive_count: int
 
 
-@dataclass(frozen=True)
+@record
 class Outgoing:
     body: str
     group_id: str

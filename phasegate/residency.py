@@ -27,9 +27,8 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AbstractContextManager, AsyncExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ import asyncpg
 from phasegate import audit
 from phasegate.db import pool_from_settings
 from phasegate.envelope import MAIN_BRANCH, Envelope
+from phasegate.records import record
 from phasegate.sql import migration_files, queries
 from phasegate.store import (
     ChainLease,
@@ -66,7 +66,7 @@ class ResidencyError(StoreError):
     """A write or start that would put a run's data in a store other than its own."""
 
 
-@dataclass(frozen=True)
+@record
 class Residency:
     classification: str = DEFAULT_CLASSIFICATION
     region: str | None = None  # None: the default store
@@ -407,14 +407,15 @@ class StoreRouter(Store):
             body_bytes=body_bytes, worker_id=worker_id)
 
 
-@contextmanager
-def route(store: Store, envelope: Envelope) -> Iterator[None]:
+def route(store: Store, envelope: Envelope) -> AbstractContextManager[object]:
     """Handle ``envelope`` against its run's store (a no-op with a single store)."""
     if isinstance(store, StoreRouter):
-        with store.routed(envelope):
-            yield
-    else:
-        yield
+        return store.routed(envelope)
+    return _SINGLE_STORE
+
+
+# Entered on every message: one object, no generator, when there is one store.
+_SINGLE_STORE = nullcontext()
 
 
 def unroutable(store: Store, envelope: Envelope) -> str | None:

@@ -36,6 +36,7 @@ import structlog
 from phasegate.db_errors import DATABASE_DOWN
 from phasegate.envelope import canonical_json
 from phasegate.faults import Faults
+from phasegate.records import record
 from phasegate.sql import queries
 from phasegate.workflow import NonRetryableError
 
@@ -55,7 +56,7 @@ class StepMismatchError(NonRetryableError):
     chose its steps from something that differs between attempts."""
 
 
-@dataclass(frozen=True)
+@record
 class StepScope:
     """Which phase attempt the steps belong to."""
 

@@ -18,6 +18,7 @@ import asyncpg
 from phasegate.db import create_pool
 from phasegate.envelope import MAIN_BRANCH, Envelope, canonical_json, state_hash
 from phasegate.group_commit import GroupCommit
+from phasegate.records import record
 from phasegate.sql import queries
 
 __all__ = ["ChainLease", "Lease", "OutboxRow", "PhaseCommit", "RunPosition", "Store",
@@ -28,7 +29,7 @@ class StoreError(Exception):
     """The store refused an operation (bad data), as opposed to the database being down."""
 
 
-@dataclass(frozen=True)
+@record
 class RunPosition:
     """What a worker needs to decide about one message, loaded in one round trip."""
 
@@ -170,7 +171,7 @@ class Lease:
     seconds: float
 
 
-@dataclass(frozen=True)
+@record
 class PhaseCommit:
     """Everything the one commit statement writes."""
 

@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from phasegate.records import record
+
 if TYPE_CHECKING:
     from phasegate.workflow import Phase, Workflow
 
@@ -52,13 +54,13 @@ class TierPolicy:
     max_retries: int
 
 
-@dataclass(frozen=True)
+@record
 class Grade:
     tier: int
     label: str | None
 
 
-@dataclass(frozen=True)
+@record
 class PhaseOutcome:
     """How a phase attempt is committed: where the run goes next and what is recorded."""
 

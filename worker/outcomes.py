@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Any, Protocol
 
 from phasegate import metrics
 from phasegate.envelope import Envelope
 from phasegate.logs import lean_logger
+from phasegate.records import record
 from phasegate.store import OutboxRow
 
 
@@ -25,7 +26,7 @@ class Action(Enum):
     RELEASE = "release"
 
 
-@dataclass(frozen=True)
+@record
 class Settlement:
     action: Action
     outcome: str

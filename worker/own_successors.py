@@ -24,10 +24,10 @@ go first.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from phasegate import metrics
 from phasegate.envelope import Envelope
+from phasegate.records import record
 from phasegate.store import PhaseCommit, RunPosition
 from phasegate.worker.continuation import Hop, hop_after
 
@@ -38,7 +38,7 @@ MAX_KEPT = 256
 MAX_KEPT_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@record
 class _Sent:
     body: str
     successor: Envelope

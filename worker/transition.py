@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from phasegate import concurrency, metrics, residency, tracing
+from phasegate import concurrency, logs, metrics, residency, tracing
 from phasegate.batcher import MicroBatcher
 from phasegate.branch_doors import enter as enter_branch_door
 from phasegate.branch_review import ReviewPlan, apply_discards, merge_input
@@ -145,7 +145,7 @@ class PhaseTransition:
             if isinstance(parsed, Poison):
                 return await self.poison.quarantine(message, parsed)
             envelope, workflow = parsed
-            with residency.route(self.store, envelope), structlog.contextvars.bound_contextvars(
+            with residency.route(self.store, envelope), logs.bound_contextvars(
                     workflow_id=envelope.workflow_id, seq=envelope.seq, branch=envelope.branch,
                     workflow=envelope.workflow), tracing.phase_span(envelope) as span:
                 settlement = await self.check_and_run(message, envelope, workflow)

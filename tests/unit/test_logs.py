@@ -10,7 +10,7 @@ import math
 import pytest
 import structlog
 
-from phasegate.logs import configure_logging, reset_logging
+from phasegate.logs import bound_contextvars, configure_logging, reset_logging
 
 SECRET = "AKIAEXAMPLESECRET/wJalrXUtnFEMI"
 
@@ -216,3 +216,24 @@ def test_a_lean_line_without_structlog_s_registry_walks_the_context(
     logs.lean_logger(structlog.get_logger("x")).info("phase", phase="p1")
     (line,) = lines(stderr)
     assert line["workflow_id"] == "wf_2" and line["seq"] == 4 and line["phase"] == "p1"
+
+
+def test_a_message_s_bound_keys_are_put_back_as_they_were_on_exit(stderr: Stderr) -> None:
+    configure_logging("info", "json")
+    structlog.contextvars.bind_contextvars(request="outer", seq=1)
+    with bound_contextvars(workflow_id="w-1", seq=7):
+        # Rebound inside, as a chain does for each continued hop's seq.
+        structlog.contextvars.bind_contextvars(seq=8)
+        structlog.get_logger("t").info("inside")
+    structlog.get_logger("t").info("after")
+    inside, after = lines(stderr)
+    assert (inside["workflow_id"], inside["seq"], inside["request"]) == ("w-1", 8, "outer")
+    assert (after["seq"], after["request"]) == (1, "outer")
+    assert "workflow_id" not in after
+    assert structlog.contextvars.get_contextvars() == {"request": "outer", "seq": 1}
+
+
+def test_a_message_s_bound_keys_are_put_back_when_its_handling_raises(stderr: Stderr) -> None:
+    with pytest.raises(RuntimeError), bound_contextvars(workflow_id="w-2"):
+        raise RuntimeError("phase failed")
+    assert structlog.contextvars.get_contextvars() == {}
