@@ -25,7 +25,7 @@ CREATE TEMP TABLE floor_rows (workflow_id text, seq int, state jsonb,
                               committed_at timestamptz DEFAULT now(),
                               PRIMARY KEY (workflow_id, seq));
 
--- A design not built (docs/benchmarks.md, "the position-only chain"): phasegate_continue_phase's
+-- A design not built (docs/benchmarks.md, "Not done": a commit that does not update `workflow_runs`): phasegate_continue_phase's
 -- hop writing only the position and the checkpoint, the run row read for its status but not
 -- written, so workflow_runs.next_seq would stay behind during a chain. Same signature, rights
 -- and search_path as the real function; in pg_temp, gone with the session.

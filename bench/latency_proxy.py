@@ -6,7 +6,7 @@ loopback answers in a few hundred microseconds, real SQS in a few milliseconds.
 Every chunk is forwarded DELAY_MS after it arrived, in order, in each direction, so a request
 and its answer take 2 x DELAY_MS longer. Point ``bench.transitions --localstack-endpoint`` at
 it to measure what a phase waits when each SQS call costs a network round trip, as it does in
-production, instead of only CPU on a shared machine (docs/benchmarks.md).
+production, instead of only CPU on a shared machine (docs/benchmarks-rounds.md).
 """
 
 from __future__ import annotations

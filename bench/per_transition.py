@@ -5,7 +5,8 @@ do -- asyncio tasks created, callbacks scheduled (``call_soon``), timers (``call
 futures, JSON encodings and decodings, sha256 digests, connection-pool acquires, log lines --
 by wrapping the loop's methods and the modules' functions for the duration of a ``with``
 block. Divided by the transitions run, these are the "per transition" figures of
-docs/benchmarks.md ("Python per hop"): unlike CPU time they stay the same on a loaded machine.
+docs/benchmarks-rounds.md ("Python per hop"): unlike CPU time they stay the same on a
+loaded machine.
 
 Benchmark code only: the wrappers cost time themselves, so a counted run is never a timed or
 profiled one (``python -m bench.profile --count`` does a separate run for it).

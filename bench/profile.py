@@ -10,7 +10,7 @@ JSON logging to /dev/null) while py-spy
 samples it (on-CPU samples only: time spent waiting for Postgres is not counted), after a
 warm-up run so imports and first-use caches stay out of the figures. Prints the share of
 samples spent under each lever the transition's cost is split into, and the hottest functions
-by own and by total samples: the before/after figures of docs/benchmarks.md. A machine loaded
+by own and by total samples: the before/after figures of docs/benchmarks-rounds.md. A machine loaded
 by other work makes absolute times meaningless; the shares and the counts hold.
 
 ``--count``: one more run, not sampled, that counts per-transition work which does not depend

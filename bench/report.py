@@ -33,7 +33,7 @@ PROCESS_FIGURES = {
 }
 
 
-CONTINUATION = "see Local continuation"
+CONTINUATION = "see Local continuation (Transitions, round by round)"
 
 
 def _ratio(per: dict[str, Any], key: str, figure: str) -> float | None:

@@ -156,7 +156,7 @@ def successor_message(envelope: Envelope, workflow: str, phase: str) -> Envelope
     Every field but ``seq`` and ``phase`` comes from ``envelope``, validated when it was
     parsed (``workflow`` is the name it was routed by), so when those two are within the
     model's bounds it is copied without running the validators again (about a third of the
-    cost: docs/benchmarks.md, "Python per hop"). Otherwise it is validated in full and fails
+    cost: docs/benchmarks-rounds.md, "Python per hop"). Otherwise it is validated in full and fails
     exactly as ``phase_message`` does."""
     seq = envelope.seq + 1
     if seq > MAX_SEQ or len(phase) > MAX_NAME_CHARS or workflow != envelope.workflow:

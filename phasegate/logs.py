@@ -107,7 +107,7 @@ def _encode(event_dict: Any) -> str:
     """One log line's JSON: compact, UTF-8 as it is, NaN and infinities as null (JSON has no
     spelling for them). orjson writes it in a fifth of the standard library's time; with two
     lines a phase, the standard library's encoding was 7 % of a worker's CPU per phase at 16
-    groups (docs/benchmarks.md)."""
+    groups (docs/benchmarks-rounds.md)."""
     try:
         return orjson.dumps(event_dict, default=_json_fallback,
                             option=_ORJSON_OPTIONS).decode()

@@ -1,5 +1,5 @@
-"""``bench/commit_parts.sql`` (docs/benchmarks.md, "Inside a continued hop's commit") runs on a
-migrated database as its header says, times every part (the two hops raise, failing the
+"""``bench/commit_parts.sql`` (docs/benchmarks-rounds.md, "Inside a continued hop's commit")
+runs on a migrated database as its header says, times every part (the two hops raise, failing the
 script, on a call that writes nothing: each round starts every run and its position at seq 0),
 and leaves the position trigger it turns off for one part on again."""
 
