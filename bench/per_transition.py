@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -26,7 +27,7 @@ import asyncpg.pool
 import structlog
 
 FIGURES = ("tasks", "call_soon", "call_later", "futures", "json_encodings", "json_decodings",
-           "sha256", "pool_acquires", "log_lines")
+           "sha256", "pool_acquires", "log_lines", "records", "frozen_dataclasses")
 
 
 class WorkCounts:
@@ -56,6 +57,7 @@ class WorkCounts:
         self._wrap_attribute(hashlib, "sha256", "sha256")
         self._count_pool_acquires()
         self._count_log_lines()
+        self._count_dataclasses()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -92,6 +94,31 @@ class WorkCounts:
 
         setattr(module, attribute, counted)
         self._undo.append(lambda: setattr(module, attribute, original))
+
+    def _count_dataclasses(self) -> None:
+        """Values of phasegate's dataclasses built, as ``@record``s (phasegate/records.py) and
+        as frozen dataclasses (each field set through ``object.__setattr__``)."""
+        for module in [m for n, m in sys.modules.items() if n.startswith("phasegate")]:
+            for cls in list(vars(module).values()):
+                params = getattr(cls, "__dataclass_params__", None)
+                if (not isinstance(cls, type) or params is None
+                        or cls.__module__ != module.__name__ or "__init__" not in vars(cls)):
+                    continue
+                record = not params.frozen and params.unsafe_hash
+                if not (record or params.frozen):
+                    continue
+                self._count_init(cls, "records" if record else "frozen_dataclasses")
+
+    def _count_init(self, cls: type, name: str) -> None:
+        original = vars(cls)["__init__"]
+        counts = self.counts
+
+        def counted(*args: Any, **kwargs: Any) -> None:
+            counts[name] += 1
+            original(*args, **kwargs)
+
+        setattr(cls, "__init__", counted)  # noqa: B010 - the class's own attribute, undone below
+        self._undo.append(lambda: setattr(cls, "__init__", original))
 
     def _count_tasks(self) -> None:
         loop = self.loop

@@ -37,3 +37,21 @@ async def test_counts_tasks_callbacks_json_digests_and_log_lines_then_restores()
     assert (json.dumps, json.loads, hashlib.sha256) == (dumps, loads, sha256)
     assert structlog.get_config()["processors"] == processors
     assert "call_soon" not in vars(loop) and loop.get_task_factory() is None
+
+
+async def test_counts_records_and_frozen_dataclasses_built_then_restores() -> None:
+    from phasegate.queue import Received
+    from phasegate.worker.continuation import ContinuationConfig
+
+    received_init = vars(Received)["__init__"]
+    frozen = ContinuationConfig.__init__
+    with WorkCounts(asyncio.get_running_loop()) as counts:
+        Received("m", "r", "{}", "g", 1)
+        Received("m", "r", "{}", "g", 2)
+        frozen_args = {name: 0 for name in ContinuationConfig.__dataclass_fields__}
+        ContinuationConfig(**frozen_args)
+    Received("m", "r", "{}", "g", 3)  # after the block: not counted
+    per = counts.per(1)
+    assert (per["records"], per["frozen_dataclasses"]) == (2, 1)
+    assert vars(Received)["__init__"] is received_init
+    assert ContinuationConfig.__init__ is frozen
