@@ -164,6 +164,22 @@ def pgbouncer_current(pg_server_dsn: str) -> Iterator[PgBouncer]:
         yield bouncer
 
 
+@pytest.fixture(scope="session")
+def pgbouncer_current_untracked(pg_server_dsn: str) -> Iterator[PgBouncer]:
+    """The same PgBouncer 1.24 with ``max_prepared_statements = 0``, the default of 1.21 to
+    1.23: it tracks no named statement and passes each Parse and Bind to whichever server
+    connection the transaction has, as 1.18 does."""
+    with PgBouncer.in_front_of(pg_server_dsn, root=current_root(),
+                               extra={"max_prepared_statements": "0"}) as bouncer:
+        assert not bouncer.tracks_prepared_statements, bouncer.version()
+        yield bouncer
+
+
+# The PgBouncer fixture each route through a pooler takes.
+BOUNCERS = {"pgbouncer-current": "pgbouncer_current",
+            "pgbouncer-current-untracked": "pgbouncer_current_untracked"}
+
+
 @pytest.fixture
 def database_url(pg_server_dsn: str, template_db: str, db_route: str,
                  request: pytest.FixtureRequest) -> Iterator[str]:
@@ -171,10 +187,10 @@ def database_url(pg_server_dsn: str, template_db: str, db_route: str,
     ``db_route`` says (created and dropped directly either way)."""
     with throwaway_database(pg_server_dsn, "phasegate_t", template_db) as url:
         if db_route.startswith("pgbouncer"):
-            bouncer: PgBouncer = request.getfixturevalue(
-                "pgbouncer_current" if db_route == "pgbouncer-current" else "pgbouncer")
+            bouncer: PgBouncer = request.getfixturevalue(BOUNCERS.get(db_route, "pgbouncer"))
             routed = bouncer.route(url)
-            if db_route in ("pgbouncer-named", "pgbouncer-current"):
+            if db_route in ("pgbouncer-named", "pgbouncer-current",
+                            "pgbouncer-current-untracked"):
                 NAMED_STATEMENT_URLS.add(routed)
             try:
                 yield routed

@@ -1,8 +1,10 @@
 """Statements named by their text (``PHASEGATE_DATABASE_POOLER=pgbouncer``,
 phasegate/named_statements.py) against real Postgres: directly, through Debian's PgBouncer 1.18
-in transaction mode (6 server connections, no ``max_prepared_statements``), and through a
+in transaction mode (6 server connections, no ``max_prepared_statements``), through a
 current PgBouncer (1.24, which tracks each client's named statements itself and closes a client
-that binds a name it never parsed, or parses one twice). Every call answers, each client
+that binds a name it never parsed, or parses one twice), and through the same 1.24 with
+``max_prepared_statements = 0`` (the default of 1.21 to 1.23: no tracking, as 1.18). Every call
+answers, each client
 connection parses each name once, each server connection learns each statement once, and what
 cannot be named (a transaction, a statement the server dropped, a result type changed by DDL)
 still answers.
@@ -26,8 +28,9 @@ from phasegate.db import connect, create_pool
 from phasegate.named_statements import TextNamedStatementConnection, statement_name
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.parametrize("db_route", ["direct", "pgbouncer", "pgbouncer-current"],
-                                     indirect=True)
+pytestmark = pytest.mark.parametrize(
+    "db_route", ["direct", "pgbouncer", "pgbouncer-current", "pgbouncer-current-untracked"],
+    indirect=True)
 
 CLIENTS = 24  # four times PgBouncer's server pool
 QUERY = "SELECT $1::int * 2"
@@ -64,9 +67,9 @@ async def test_every_call_answers_and_the_server_connections_learn_each_name_onc
             assert connection.parsed_first == len(connection.parsed_names)
         assert ours <= frozenset().union(*(c.parsed_names for c in connections))
         # Direct, each client connection is its own server connection, which its own Parse
-        # taught; PgBouncer 1.24 prepares each server connection itself. Through 1.18, 24
-        # clients share 6 server connections, which learn the names from misses.
-        if db_route != "pgbouncer":
+        # taught; PgBouncer 1.24 prepares each server connection itself. Through 1.18 or 1.24
+        # untracked, 24 clients share 6 server connections, which learn the names from misses.
+        if db_route in ("direct", "pgbouncer-current"):
             assert sum(c.missed for c in connections) == 0
 
         async def a_round_without_a_miss() -> bool:

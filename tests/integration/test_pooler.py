@@ -142,6 +142,30 @@ async def test_a_worker_through_a_current_pgbouncer(
             assert hot_path & frozenset().union(*(c.kept_names for c in connections))
 
 
+@pytest.mark.parametrize("pooler", ["transaction", "pgbouncer"])
+async def test_a_worker_through_a_current_pgbouncer_that_tracks_no_statement(
+        pooler: str, pgbouncer_current_untracked: PgBouncer, database_url: str, queue_pair,
+        sqs_endpoint):
+    """PgBouncer 1.24 with ``max_prepared_statements = 0`` (the default of 1.21 to 1.23): it
+    passes each Parse and Bind to whichever server connection the transaction has. Both modes
+    meant for a pooler complete every run; the text-named one's server connections learn the
+    names from misses, as through 1.18, and each client connection parses each name once."""
+    pooled = pgbouncer_current_untracked.route(database_url)
+    workflows.LEDGER_DSN = pooled
+    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler=pooler)
+    async with store_for(pooled) as store, queue_for(settings) as queue:
+        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
+                                     input={"n": i})).workflow_id for i in range(12)]
+    async with running_worker(settings, Registry([workflows.chain])) as worker:
+        await wait_for(lambda: all_done(database_url, ids), what="runs done")
+        if pooler == "pgbouncer":
+            assert worker.store is not None
+            connections = [h._con for h in worker.store.pool._holders if h._con is not None]
+            assert sum(c.missed for c in connections) >= 1
+            for connection in connections:
+                assert connection.parsed_first == len(connection.parsed_names)
+
+
 async def test_after_ddl_a_current_pgbouncer_serves_asyncpgs_cache_the_old_plan(
         pgbouncer_current: PgBouncer, database_url: str):
     """Why ``none`` stays direct-only even where PgBouncer tracks named statements: PgBouncer
