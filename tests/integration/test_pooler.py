@@ -8,6 +8,7 @@ The engine's end-to-end modules run through the same PgBouncer as well (tests/co
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
@@ -36,6 +37,21 @@ async def _hammer(pool: asyncpg.Pool) -> None:
             async with pool.acquire() as connection, connection.transaction():
                 assert await connection.fetchval("SELECT $1::text", str(i)) == str(i)
     await asyncio.gather(*(client(i) for i in range(CLIENTS)))
+
+
+async def _connections_after_every_run(pooled: str, pooler: str, database_url: str,
+                                       queue_pair, sqs_endpoint) -> list[Any]:
+    """Twelve chain runs through ``pooled`` by a worker in ``pooler`` mode, waited for until
+    every one is done; the worker's pool connections as they were then."""
+    workflows.LEDGER_DSN = pooled
+    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler=pooler)
+    async with store_for(pooled) as store, queue_for(settings) as queue:
+        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
+                                     input={"n": i})).workflow_id for i in range(12)]
+    async with running_worker(settings, Registry([workflows.chain])) as worker:
+        await wait_for(lambda: all_done(database_url, ids), what="runs done")
+        assert worker.store is not None
+        return [h._con for h in worker.store.pool._holders if h._con is not None]
 
 
 async def test_named_statements_fail_through_the_pooler_and_phasegates_do_not(
@@ -93,26 +109,17 @@ async def test_a_worker_with_named_statements_through_the_pooler(
     """PHASEGATE_DATABASE_POOLER=pgbouncer through PgBouncer 1.18 (6 server connections, no
     max_prepared_statements): every run completes, and the hot path's statements went out as
     statements named by their text (parsed once per server connection, not per call)."""
-    pooled = pgbouncer.route(database_url)
-    workflows.LEDGER_DSN = pooled
-    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler="pgbouncer")
-    async with store_for(pooled) as store, queue_for(settings) as queue:
-        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
-                                     input={"n": i})).workflow_id for i in range(12)]
-    async with running_worker(settings, Registry([workflows.chain])) as worker:
-        await wait_for(lambda: all_done(database_url, ids), what="runs done")
-        assert worker.store is not None
-        connections = [h._con for h in worker.store.pool._holders if h._con is not None]
-        # Each server connection learnt the statements from a miss. (While they are learning,
-        # a call may bounce between one that lacks a name and one that has it and go out
-        # unnamed after MISSES_PER_CALL rounds: rare, and not an error, so not asserted.)
-        assert sum(c.missed for c in connections) >= 1
-        # The hot path's statements went out named (the runs completing says the server
-        # connections answered them).
-        kept = frozenset().union(*(c.kept_names for c in connections))
-        hot_path = {statement_name(text) for name, text in queries().items()
-                    if name in HOT_PATH}
-        assert kept & hot_path
+    connections = await _connections_after_every_run(
+        pgbouncer.route(database_url), "pgbouncer", database_url, queue_pair, sqs_endpoint)
+    # Each server connection learnt the statements from a miss. (While they are learning, a
+    # call may bounce between one that lacks a name and one that has it and go out unnamed
+    # after MISSES_PER_CALL rounds: rare, and not an error, so not asserted.)
+    assert sum(c.missed for c in connections) >= 1
+    # The hot path's statements went out named (the runs completing says the server
+    # connections answered them).
+    kept = frozenset().union(*(c.kept_names for c in connections))
+    hot_path = {statement_name(text) for name, text in queries().items() if name in HOT_PATH}
+    assert kept & hot_path
 
 
 @pytest.mark.parametrize("pooler", ["transaction", "pgbouncer", "none"])
@@ -123,23 +130,15 @@ async def test_a_worker_through_a_current_pgbouncer(
     connections itself, and closes a client that binds a name it never parsed or parses one
     twice). Every pooler mode completes every run through it; the text-named one parses each
     name once per client connection and never misses."""
-    pooled = pgbouncer_current.route(database_url)
-    workflows.LEDGER_DSN = pooled
-    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler=pooler)
-    async with store_for(pooled) as store, queue_for(settings) as queue:
-        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
-                                     input={"n": i})).workflow_id for i in range(12)]
-    async with running_worker(settings, Registry([workflows.chain])) as worker:
-        await wait_for(lambda: all_done(database_url, ids), what="runs done")
-        if pooler == "pgbouncer":
-            assert worker.store is not None
-            connections = [h._con for h in worker.store.pool._holders if h._con is not None]
-            for connection in connections:
-                assert connection.parsed_first == len(connection.parsed_names)
-                assert connection.missed == connection.unnamed_after_misses == 0
-            hot_path = {statement_name(text) for name, text in queries().items()
-                        if name in HOT_PATH}
-            assert hot_path & frozenset().union(*(c.kept_names for c in connections))
+    connections = await _connections_after_every_run(
+        pgbouncer_current.route(database_url), pooler, database_url, queue_pair, sqs_endpoint)
+    if pooler == "pgbouncer":
+        for connection in connections:
+            assert connection.parsed_first == len(connection.parsed_names)
+            assert connection.missed == connection.unnamed_after_misses == 0
+        hot_path = {statement_name(text) for name, text in queries().items()
+                    if name in HOT_PATH}
+        assert hot_path & frozenset().union(*(c.kept_names for c in connections))
 
 
 @pytest.mark.parametrize("pooler", ["transaction", "pgbouncer"])
@@ -150,20 +149,13 @@ async def test_a_worker_through_a_current_pgbouncer_that_tracks_no_statement(
     passes each Parse and Bind to whichever server connection the transaction has. Both modes
     meant for a pooler complete every run; the text-named one's server connections learn the
     names from misses, as through 1.18, and each client connection parses each name once."""
-    pooled = pgbouncer_current_untracked.route(database_url)
-    workflows.LEDGER_DSN = pooled
-    settings = make_settings(pooled, queue_pair, sqs_endpoint, database_pooler=pooler)
-    async with store_for(pooled) as store, queue_for(settings) as queue:
-        ids = [(await start_workflow(store, queue, workflow=workflows.chain,
-                                     input={"n": i})).workflow_id for i in range(12)]
-    async with running_worker(settings, Registry([workflows.chain])) as worker:
-        await wait_for(lambda: all_done(database_url, ids), what="runs done")
-        if pooler == "pgbouncer":
-            assert worker.store is not None
-            connections = [h._con for h in worker.store.pool._holders if h._con is not None]
-            assert sum(c.missed for c in connections) >= 1
-            for connection in connections:
-                assert connection.parsed_first == len(connection.parsed_names)
+    connections = await _connections_after_every_run(
+        pgbouncer_current_untracked.route(database_url), pooler, database_url, queue_pair,
+        sqs_endpoint)
+    if pooler == "pgbouncer":
+        assert sum(c.missed for c in connections) >= 1
+        for connection in connections:
+            assert connection.parsed_first == len(connection.parsed_names)
 
 
 async def test_after_ddl_a_current_pgbouncer_serves_asyncpgs_cache_the_old_plan(
