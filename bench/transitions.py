@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
@@ -159,10 +161,14 @@ def main() -> None:
                         help="the floor's SQS client: stock (default: aioboto3's defaults, "
                         "botocore's User-Agent built per request) or fixed (phasegate's fixed "
                         "User-Agent, phasegate/queue.py)")
+    parser.add_argument("--log-sink", choices=("devnull", "pipe"), default="devnull",
+                        help="where the worker's log lines go: devnull (default) or a pipe "
+                        "another process drains, as a pod's stderr is drained by the container "
+                        "runtime (each line then costs a write into the pipe)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     process_repeats = args.process_repeats or (1 if args.quick else 3)
-    _quiet_logs()
+    _quiet_logs(args.log_sink)
     result = asyncio.run(bench(quick=args.quick, backends=args.backends.split(","),
                                repeats=repeats, process_repeats=process_repeats,
                                skip_processes=args.skip_processes,
@@ -177,6 +183,7 @@ def main() -> None:
                                floor_user_agent=args.floor_user_agent,
                                rehearsal=args.rehearsal == "on", cores=args.cores))
     result["command"] = " ".join(["python -m bench.transitions", *sys.argv[1:]])
+    result["log_sink"] = args.log_sink
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"transitions-{time.strftime('%Y%m%dT%H%M%S')}{'-' + args.label if args.label else ''}"
     path = RESULTS / f"{name}.json"
@@ -196,12 +203,20 @@ def _phases(text: str | None) -> dict[int, int] | None:
     return {int(groups): int(count) for groups, count in pairs}
 
 
-def _quiet_logs() -> None:
-    """The worker logs as in production (JSON, info: one line per phase), into /dev/null."""
+def _quiet_logs(sink: str = "devnull") -> None:
+    """The worker logs as in production (JSON, info: two lines per phase), into /dev/null or,
+    with ``sink="pipe"``, into a pipe that a ``cat`` of its own drains (its reads are not this
+    process's CPU, as a container runtime's are not a pod's)."""
     from phasegate.logs import configure_logging
 
     real = sys.stderr
-    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sink == "pipe":
+        drain = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        assert drain.stdin is not None
+        # Lives as long as the process; cat ends when the pipe closes with it.
+        sys.stderr = io.TextIOWrapper(drain.stdin, encoding="utf-8", line_buffering=True)
+    else:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     try:
         configure_logging("info", "json")
     finally:
